@@ -1,0 +1,61 @@
+"""JSON encode/decode for records: msgspec when installed, the standard library otherwise."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from .errors import SerializationError
+
+try:  # The forensic zipapp runs with the standard library alone.
+    import msgspec
+
+    _encoder: msgspec.json.Encoder | None = msgspec.json.Encoder()
+    _decoder: msgspec.json.Decoder[Any] | None = msgspec.json.Decoder()
+    _DecodeError: type[Exception] = msgspec.DecodeError
+except ImportError:  # pragma: no cover - exercised by the zipapp tests
+    _encoder = None
+    _decoder = None
+    _DecodeError = ValueError
+
+HAVE_MSGSPEC = _encoder is not None
+
+
+def _find_non_finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(_find_non_finite(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_find_non_finite(v) for v in value)
+    return False
+
+
+def encode(value: Any) -> bytes:
+    """Compact JSON bytes of `value`; SerializationError for anything JSON cannot hold."""
+    if _encoder is None:
+        try:
+            return json.dumps(
+                value, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+            ).encode("utf-8")
+        except (TypeError, ValueError) as exc:
+            raise SerializationError(f"record is not JSON-serializable: {exc}") from exc
+    try:
+        out = _encoder.encode(value)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise SerializationError(f"record is not JSON-serializable: {exc}") from exc
+    # msgspec writes NaN and Infinity as null; a null in the output is the only sign of one.
+    if b"null" in out and _find_non_finite(value):
+        raise SerializationError("record holds NaN or Infinity, which JSON cannot represent")
+    return out
+
+
+def decode(data: bytes | memoryview) -> Any:
+    """Parse JSON bytes; ValueError on anything that is not one JSON value."""
+    if _decoder is None:
+        return json.loads(bytes(data))
+    try:
+        return _decoder.decode(data)
+    except _DecodeError as exc:
+        raise ValueError(str(exc)) from exc

@@ -1,0 +1,197 @@
+"""Reading a whole log directory: segment order, seal chain, seq continuity, torn tail vs damage."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from . import _format as fmt
+from ._fs import DEFAULT_FS, FileSystem
+from ._segment import Problem, SegmentScan, read_header
+from .errors import CorruptionError, UnsupportedVersionError
+
+MODES = ("tolerate_tail", "strict", "salvage")
+
+# Problems that a crash mid-append leaves at the end of the last segment. Anything else, or any
+# of these with a verified line after it, is damage.
+TAIL_KINDS = frozenset(
+    {"incomplete_line", "bad_checksum", "bad_line", "zero_fill", "oversize_line", "bad_header"}
+)
+
+
+@dataclass(frozen=True)
+class TornTail:
+    """Bytes at the end of the last segment that a crash left half-written."""
+
+    file: str
+    offset: int
+    length: int
+    kind: str
+
+
+def list_segments(fs: FileSystem, directory: str) -> tuple[list[tuple[int, str]], list[Problem]]:
+    """Segment files in log order, and a problem for each one that is refused (a symlink)."""
+    found: list[tuple[int, str]] = []
+    refused: list[Problem] = []
+    for name in fs.listdir(directory):
+        index = fmt.segment_index(name)
+        if index is None:
+            continue
+        if fs.is_symlink(os.path.join(directory, name)):
+            refused.append(Problem(name, 0, None, "symlink", "segment is a symbolic link"))
+            continue
+        found.append((index, name))
+    found.sort()
+    return found, refused
+
+
+def corruption(problem: Problem) -> CorruptionError:
+    return CorruptionError(
+        problem.describe(),
+        file=problem.file,
+        offset=problem.offset,
+        seq=problem.seq,
+        kind=problem.kind,
+    )
+
+
+class LogScan:
+    """Iterate to read a log: yields (seq, data JSON bytes) of every record that verifies.
+
+    `mode` decides what a problem does: "tolerate_tail" raises CorruptionError at the first
+    problem that is not a torn tail, "strict" at any problem, "salvage" never raises and goes on.
+    Afterwards `problems`, `torn_tail`, `segments` and `last` describe the log.
+    """
+
+    def __init__(
+        self,
+        directory: str,
+        *,
+        mode: str = "tolerate_tail",
+        start_seq: int = 0,
+        fs: FileSystem = DEFAULT_FS,
+        follow_rotation: bool = False,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"recovery must be one of {', '.join(MODES)}, not {mode!r}")
+        self.directory = directory
+        self.mode = mode
+        self.start_seq = start_seq
+        self.fs = fs
+        self.follow_rotation = follow_rotation
+        self.problems: list[Problem] = []
+        self.torn_tail: TornTail | None = None
+        self.segments: list[str] = []
+        self.last: SegmentScan | None = None
+        self.before_last: SegmentScan | None = None
+        self.log_id: str | None = None
+        self.records = 0
+        self.last_seq = 0
+
+    def _report(self, problem: Problem) -> None:
+        self.problems.append(problem)
+        if self.mode == "salvage":
+            return
+        if problem.kind == "unsupported_version":
+            raise UnsupportedVersionError(
+                problem.describe(), file=problem.file, offset=0, kind=problem.kind
+            )
+        raise corruption(problem)
+
+    def __iter__(self) -> Iterator[tuple[int, bytes]]:
+        listed, refused = list_segments(self.fs, self.directory)
+        for problem in refused:
+            self._report(problem)
+        prev_index = 0
+        prev_seal = ""
+        expected_seq: int | None = None
+        i = 0
+        while i < len(listed):
+            index, name = listed[i]
+            final = i == len(listed) - 1
+            if index != prev_index + 1:
+                self._report(Problem(name, 0, expected_seq, "missing_segment",
+                                     f"segment {prev_index + 1} is missing before {name}"))
+            if not final and self.start_seq and self._skippable(listed[i + 1][1]):
+                nxt = read_header(self.fs, self.directory, listed[i + 1][1])
+                assert nxt is not None
+                prev_index, prev_seal, expected_seq = index, nxt.prev_seal, nxt.first_seq
+                self.segments.append(name)
+                i += 1
+                continue
+            seg = SegmentScan(self.fs, self.directory, name, expected_first_seq=expected_seq)
+            start = len(seg.problems)
+            for seq, data in seg:
+                if len(seg.problems) > start:
+                    self._segment_problems(seg, start, final, before_record=True)
+                    start = len(seg.problems)
+                self.records += 1
+                self.last_seq = seq
+                if seq >= self.start_seq:
+                    yield seq, data
+            self._check_header(seg, index, prev_seal)
+            if final and seg.seal is not None and self.follow_rotation:
+                more, _ = list_segments(self.fs, self.directory)
+                listed.extend(entry for entry in more if entry[0] > index)
+                final = i == len(listed) - 1
+            if not final and seg.seal is None:
+                seg.problems.append(Problem(name, seg.size, seg.last_seq, "unsealed_segment",
+                                            "a segment before the last has no seal"))
+            self._segment_problems(seg, start, final, before_record=False)
+            self.segments.append(name)
+            self.before_last, self.last = self.last, seg
+            prev_index = index
+            prev_seal = seg.seal.sha256 if seg.seal else ""
+            if seg.last_seq is not None:
+                expected_seq = seg.last_seq + 1
+            elif seg.header is not None:
+                expected_seq = seg.header.first_seq
+            i += 1
+
+    def _skippable(self, next_name: str) -> bool:
+        header = read_header(self.fs, self.directory, next_name)
+        return header is not None and header.first_seq <= self.start_seq
+
+    def _check_header(self, seg: SegmentScan, index: int, prev_seal: str) -> None:
+        header = seg.header
+        if header is None:
+            return
+        if self.log_id is None:
+            self.log_id = header.log_id
+            if index == 1 and header.first_seq != 1:
+                seg.problems.append(Problem(seg.name, 0, header.first_seq, "missing_segment",
+                                            "the first segment does not start at seq 1"))
+        elif header.log_id != self.log_id:
+            seg.problems.append(Problem(seg.name, 0, header.first_seq, "foreign_segment",
+                                        f"segment belongs to log {header.log_id}, "
+                                        f"not {self.log_id}"))
+            return
+        if header.index != index:
+            seg.problems.append(Problem(seg.name, 0, header.first_seq, "bad_header",
+                                        f"header says segment {header.index}"))
+        if header.prev_seal != prev_seal:
+            seg.problems.append(Problem(seg.name, 0, header.first_seq, "seal_chain",
+                                        "header does not carry the previous segment's seal"))
+
+    def _segment_problems(
+        self, seg: SegmentScan, start: int, final: bool, *, before_record: bool
+    ) -> None:
+        """Decide, for the problems seg found since `start`, whether they are a torn tail."""
+        new = seg.problems[start:]
+        if not new:
+            return
+        may_be_torn = final and not seg.valid_after_problem and seg.problems[0].kind in TAIL_KINDS
+        if before_record or not may_be_torn:
+            # A verified record after a problem, or a problem anywhere but the log's end.
+            for problem in new:
+                self._report(problem)
+            return
+        tail_start = seg.problems[0]
+        later = [p for p in seg.problems[1:] if p.kind not in TAIL_KINDS]
+        for problem in later:
+            self._report(problem)
+        self.torn_tail = TornTail(seg.name, tail_start.offset, seg.size - tail_start.offset,
+                                  tail_start.kind)
+        if self.mode == "strict":
+            self._report(tail_start)

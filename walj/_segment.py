@@ -1,0 +1,228 @@
+"""Reading one segment file: every line checked, records yielded as they verify, problems kept."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from . import _format as fmt
+from ._fs import FileSystem
+from .errors import UnsupportedVersionError
+
+CHUNK_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong in a log: which file, where, which seq (if known), what kind."""
+
+    file: str
+    offset: int
+    seq: int | None
+    kind: str
+    detail: str
+
+    def describe(self) -> str:
+        seq = "" if self.seq is None else f" seq {self.seq}"
+        return f"{self.file} at byte {self.offset}{seq}: {self.kind}: {self.detail}"
+
+
+def _bad_line_kind(line: bytes) -> str:
+    if line and not line.strip(b"\x00"):
+        return "zero_fill"
+    if not line.startswith(fmt.PREFIX) or len(line) <= fmt.BODY_START:
+        return "bad_line"
+    return "bad_checksum"
+
+
+class SegmentScan:
+    """Iterate to read the segment; afterwards the attributes describe what was found.
+
+    Iteration yields (seq, data JSON bytes) for every line whose checksum verifies, in file order,
+    including ones after a problem: callers that must not use those check `problems` first.
+    """
+
+    def __init__(
+        self, fs: FileSystem, directory: str, name: str, *, expected_first_seq: int | None = None
+    ) -> None:
+        self.fs = fs
+        self.name = name
+        self.path = os.path.join(directory, name)
+        self.header: fmt.Header | None = None
+        self.header_error: UnsupportedVersionError | None = None
+        self.seal: fmt.Seal | None = None
+        self.seal_offset: int | None = None
+        self.problems: list[Problem] = []
+        self.records = 0
+        self.last_seq: int | None = None
+        self.expected_seq = expected_first_seq
+        self.valid_end = 0  # just past the last verified line before the first problem
+        self.size = 0
+        self.digest = hashlib.sha256()  # bytes [0, seal or first problem)
+        self.valid_after_problem = False
+        self.done = False
+
+    @property
+    def first_problem(self) -> Problem | None:
+        return self.problems[0] if self.problems else None
+
+    @property
+    def first_seq(self) -> int | None:
+        return self.header.first_seq if self.header else None
+
+    def _problem(self, offset: int, kind: str, detail: str, seq: int | None = None) -> None:
+        self.problems.append(Problem(self.name, offset, seq, kind, detail))
+
+    def _line_limit(self) -> int:
+        if self.header is None:
+            return fmt.HEADER_LINE_LIMIT
+        return self.header.max_record_bytes + fmt.LINE_OVERHEAD
+
+    def __iter__(self) -> Iterator[tuple[int, bytes]]:
+        fd = self.fs.open_read(self.path)
+        try:
+            yield from self._scan(fd)
+        finally:
+            self.fs.close(fd)
+        self._check_seal_digest()
+        self.done = True
+
+    def _scan(self, fd: int) -> Iterator[tuple[int, bytes]]:
+        fs = self.fs
+        pos = 0  # file offset of buf[0]
+        buf = b""
+        hashing = True
+        skipping_from: int | None = None  # offset of an oversize line being skipped
+        while True:
+            chunk = fs.read(fd, CHUNK_BYTES)
+            if not chunk:
+                break
+            if skipping_from is not None:
+                nl = chunk.find(b"\n")
+                if nl < 0:
+                    pos += len(chunk)
+                    continue
+                pos += nl + 1
+                chunk = chunk[nl + 1 :]
+                skipping_from = None
+            buf = buf + chunk if buf else chunk
+            lines = buf.split(b"\n")
+            rest = lines.pop()
+            off = pos
+            hash_from = 0  # index in buf of bytes not yet hashed
+            for line in lines:
+                end = off + len(line) + 1
+                if fmt.checksum_ok(line):
+                    if self.problems:
+                        self.valid_after_problem = True
+                    record = fmt.parse_data(line)
+                    if record is not None and self.seal is None and (self.header or off):
+                        seq = record[0]
+                        if seq != self.expected_seq and self.expected_seq is not None:
+                            kind = "seq_gap" if seq > self.expected_seq else "seq_repeat"
+                            self._problem(off, kind, f"expected seq {self.expected_seq}", seq)
+                        self.expected_seq = seq + 1
+                        self.last_seq = seq
+                        self.records += 1
+                        if not self.problems:
+                            self.valid_end = end
+                        yield record
+                    elif off == 0 and self.header is None:
+                        self._read_header(line)
+                        if self.header is not None:
+                            self.valid_end = end
+                    elif self.seal is None and self.header is not None:
+                        if not self._read_seal(off, line):
+                            self._problem(off, "bad_line", "unexpected line kind", None)
+                        elif hashing:
+                            self.digest.update(memoryview(buf)[hash_from : off - pos])
+                            hashing = False
+                            if not self.problems:
+                                self.valid_end = end
+                    else:
+                        kind = "data_after_seal" if self.seal is not None else "bad_line"
+                        self._problem(off, kind, "line where none may stand", None)
+                else:
+                    if off == 0:
+                        self._problem(0, "bad_header", "first line is not a valid header")
+                    else:
+                        self._problem(off, _bad_line_kind(line), "checksum does not verify")
+                if self.problems and hashing:
+                    self.digest.update(memoryview(buf)[hash_from : self.valid_end - pos])
+                    hashing = False
+                off = end
+            if hashing:
+                self.digest.update(memoryview(buf)[hash_from : off - pos])
+            pos = off
+            buf = rest
+            if len(buf) > self._line_limit():
+                self._problem(pos, "oversize_line", f"no newline within {self._line_limit()} bytes")
+                if hashing:
+                    hashing = False
+                skipping_from = pos
+                pos += len(buf)
+                buf = b""
+        if buf:
+            kind = _bad_line_kind(buf)
+            if kind != "zero_fill":
+                kind = "incomplete_line"
+            self._problem(pos, kind, "last line has no newline (torn or still being written)")
+        self.size = pos + len(buf)
+        header_kinds = ("bad_header", "unsupported_version")
+        if self.header is None and not any(p.kind in header_kinds for p in self.problems):
+            self._problem(0, "bad_header", "segment has no header")
+
+    def _read_header(self, line: bytes) -> None:
+        try:
+            header = fmt.parse_header(line)
+        except UnsupportedVersionError as exc:
+            self.header_error = exc
+            self._problem(0, "unsupported_version", str(exc))
+            return
+        if header is None:
+            self._problem(0, "bad_header", "header line is malformed")
+            return
+        self.header = header
+        if self.expected_seq is None:
+            self.expected_seq = header.first_seq
+        elif header.first_seq != self.expected_seq:
+            kind = "seq_gap" if header.first_seq > self.expected_seq else "seq_repeat"
+            self._problem(0, kind, f"segment starts at seq {header.first_seq}, expected "
+                          f"{self.expected_seq}", header.first_seq)
+            self.expected_seq = header.first_seq
+
+    def _read_seal(self, offset: int, line: bytes) -> bool:
+        seal = fmt.parse_seal(line)
+        if seal is None:
+            return False
+        self.seal = seal
+        self.seal_offset = offset
+        if seal.records != self.records or (self.records and seal.last_seq != self.last_seq):
+            self._problem(offset, "seal_mismatch", f"seal counts {seal.records} records to seq "
+                          f"{seal.last_seq}; segment has {self.records} to {self.last_seq}")
+        return True
+
+    def _check_seal_digest(self) -> None:
+        if self.seal is None or self.seal_offset is None:
+            return
+        if self.digest.hexdigest() != self.seal.sha256:
+            self._problem(self.seal_offset, "seal_mismatch",
+                          "segment bytes do not match the SHA-256 in its seal", self.seal.last_seq)
+
+
+def read_header(fs: FileSystem, directory: str, name: str) -> fmt.Header | None:
+    """The verified header of a segment, read without scanning the rest; None if unreadable."""
+    fd = fs.open_read(os.path.join(directory, name))
+    try:
+        head = fs.pread(fd, fmt.HEADER_LINE_LIMIT, 0)
+    finally:
+        fs.close(fd)
+    line = head.split(b"\n", 1)[0]
+    if len(line) == len(head) or not fmt.checksum_ok(line):
+        return None
+    try:
+        return fmt.parse_header(line)
+    except UnsupportedVersionError:
+        return None
