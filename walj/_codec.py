@@ -32,23 +32,29 @@ def _find_non_finite(value: Any) -> bool:
     return False
 
 
-def encode(value: Any) -> bytes:
-    """Compact JSON bytes of `value`; SerializationError for anything JSON cannot hold."""
-    if _encoder is None:
-        try:
-            return json.dumps(
-                value, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-            ).encode("utf-8")
-        except (TypeError, ValueError) as exc:
-            raise SerializationError(f"record is not JSON-serializable: {exc}") from exc
+def _encode_json(value: Any) -> bytes:
     try:
-        out = _encoder.encode(value)
+        return json.dumps(
+            value, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        ).encode("utf-8")
+    except (TypeError, ValueError) as exc:
+        raise SerializationError(f"record is not JSON-serializable: {exc}") from exc
+
+
+def _encode_msgspec(value: Any) -> bytes:
+    try:
+        out = _msgspec_encode(value)
     except (TypeError, ValueError, OverflowError) as exc:
         raise SerializationError(f"record is not JSON-serializable: {exc}") from exc
     # msgspec writes NaN and Infinity as null; a null in the output is the only sign of one.
     if b"null" in out and _find_non_finite(value):
         raise SerializationError("record holds NaN or Infinity, which JSON cannot represent")
     return out
+
+
+_msgspec_encode = _encoder.encode if _encoder is not None else _encode_json
+encode = _encode_msgspec if _encoder is not None else _encode_json
+encode.__doc__ = "Compact JSON bytes of `value`; SerializationError for anything JSON cannot hold."
 
 
 def decode(data: bytes | memoryview) -> Any:

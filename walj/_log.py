@@ -8,11 +8,13 @@ import os
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Any
 
 from . import _format as fmt
+from ._format import encode_record, frame_record
 from ._fs import DEFAULT_FS, FileSystem, write_all
 from ._lock import WriterLock
 from ._quarantine import Quarantined, cut_segment
@@ -66,7 +68,11 @@ class Log:
                  max_record_bytes: int, read_only: bool) -> None:
         self._dir = directory
         self._fs = fs
+        self._os_write = fs.write
         self._mode = sync
+        self._always = sync == "always"
+        self._batch = sync == "batch"
+        self._unusable = read_only  # closed, poisoned or read-only: the slow check says which
         self._segment_bytes = segment_bytes
         self._max_record = max_record_bytes
         self._read_only = read_only
@@ -77,6 +83,7 @@ class Log:
         self._index = 0
         self._offset = 0
         self._hash = hashlib.sha256()
+        self._hash_update = self._hash.update
         self._segment_records = 0
         self._next_seq = 1
         self._durable_seq = 0
@@ -137,8 +144,7 @@ class Log:
                     fs.sync_dir(directory)
         scan = LogScan(directory, mode=recovery, fs=fs)
         if replay is None:
-            for _ in scan:
-                pass
+            deque(scan, maxlen=0)
         else:
             for seq, data in scan:
                 replay(seq, data)
@@ -146,7 +152,7 @@ class Log:
         self._log_id = scan.log_id or uuid.uuid4().hex
         if self._read_only:
             self._next_seq = scan.last_seq + 1
-            self._closed = True  # nothing to write to; reads go through walj.read
+            self._closed = self._unusable = True  # nothing to write; reads go through walj.read
             return
         last = scan.last
         if scan.torn_tail is not None:
@@ -167,6 +173,7 @@ class Log:
             self._next_seq = (last.last_seq or last.header.first_seq - 1) + 1
             self._segment_records = last.records
             self._hash = last.digest
+            self._hash_update = self._hash.update
             self._offset = last.valid_end
             self._fd = self._fs.open_append(last.path)
         self._durable_seq = self._next_seq - 1
@@ -192,6 +199,7 @@ class Log:
         self._index = index
         self._offset = len(line)
         self._hash = hashlib.sha256(line)
+        self._hash_update = self._hash.update
         self._segment_records = 0
 
     # --- writing -------------------------------------------------------------------------------
@@ -199,23 +207,37 @@ class Log:
     def append(self, record: dict[str, Any], *, durable: bool = False) -> int:
         """Append one record and return its seq. Durable on return when sync is "always" or
         "batch", or when `durable=True` whatever the sync mode."""
-        data = fmt.encode_record(record)
+        data = encode_record(record)
         if len(data) > self._max_record:
             raise RecordTooLargeError(
                 f"record is {len(data)} bytes; max_record_bytes is {self._max_record}")
         with self._lock:
-            self._check_usable()
+            if self._unusable:
+                self._check_usable()
             seq = self._next_seq
-            self._write(fmt.frame(fmt.data_body(seq, data)), 1)
-            self._after_write()
-        if seq > self._durable_seq and (durable or self._mode == "batch"):
+            line = frame_record(seq, data)
+            try:
+                written = self._os_write(self._fd, line)
+                if written != len(line):
+                    write_all(self._fs, self._fd, line[written:])
+            except OSError as exc:
+                raise self._poison(exc) from exc
+            self._offset += len(line)
+            self._hash_update(line)
+            self._next_seq = seq + 1
+            self._segment_records += 1
+            if self._offset >= self._segment_bytes:
+                self._rotate()
+            elif self._always:
+                self._sync_locked()
+        if (durable or self._batch) and seq > self._durable_seq:
             self._wait_durable(seq)
         return seq
 
     def append_many(self, records: Iterable[dict[str, Any]], *,
                     durable: bool = False) -> list[int]:
         """Append records with one write and at most one fsync (plus a rotation's own)."""
-        datas = [fmt.encode_record(record) for record in records]
+        datas = [encode_record(record) for record in records]
         for data in datas:
             if len(data) > self._max_record:
                 raise RecordTooLargeError(
@@ -225,11 +247,11 @@ class Log:
         with self._lock:
             self._check_usable()
             first = self._next_seq
-            batch = b"".join(fmt.frame(fmt.data_body(first + i, d)) for i, d in enumerate(datas))
+            batch = b"".join(frame_record(first + i, d) for i, d in enumerate(datas))
             self._write(batch, len(datas))
             self._after_write()
         last = first + len(datas) - 1
-        if last > self._durable_seq and (durable or self._mode == "batch"):
+        if last > self._durable_seq and (durable or self._batch):
             self._wait_durable(last)
         return list(range(first, last + 1))
 
@@ -246,7 +268,7 @@ class Log:
     def _after_write(self) -> None:
         if self._offset >= self._segment_bytes:
             self._rotate()
-        elif self._mode == "always":
+        elif self._always:
             self._sync_locked()
 
     def _sync_locked(self) -> None:
@@ -325,6 +347,7 @@ class Log:
         and a retried fsync may report success for pages the kernel already dropped."""
         if self._poisoned is None:
             self._poisoned = exc
+        self._unusable = True
         self._cond.notify_all()
         if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
             return DiskFullError(f"disk full while writing {self._dir}: {exc}; reopen to recover")
@@ -359,6 +382,7 @@ class Log:
                     failure = exc
                     self._poison(exc)
             self._closed = True
+            self._unusable = True
             self._cond.notify_all()
             if self._fd >= 0:
                 fd, self._fd = self._fd, -1

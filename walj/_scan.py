@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 
 from . import _format as fmt
 from ._fs import DEFAULT_FS, FileSystem
@@ -120,16 +121,14 @@ class LogScan:
                 self.segments.append(name)
                 i += 1
                 continue
-            seg = SegmentScan(self.fs, self.directory, name, expected_first_seq=expected_seq)
-            start = len(seg.problems)
-            for seq, data in seg:
-                if len(seg.problems) > start:
-                    self._segment_problems(seg, start, final, before_record=True)
-                    start = len(seg.problems)
-                self.records += 1
-                self.last_seq = seq
-                if seq >= self.start_seq:
-                    yield seq, data
+            seg = SegmentScan(self.fs, self.directory, name, expected_first_seq=expected_seq,
+                              start_seq=self.start_seq,
+                              before_late_record=partial(self._late_record, final=final))
+            yield from seg
+            start = seg.reported
+            self.records += seg.records
+            if seg.last_seq is not None:
+                self.last_seq = seg.last_seq
             self._check_header(seg, index, prev_seal)
             if final and seg.seal is not None and self.follow_rotation:
                 more, _ = list_segments(self.fs, self.directory)
@@ -148,6 +147,10 @@ class LogScan:
             elif seg.header is not None:
                 expected_seq = seg.header.first_seq
             i += 1
+
+    def _late_record(self, seg: SegmentScan, *, final: bool) -> None:
+        self._segment_problems(seg, seg.reported, final, before_record=True)
+        seg.reported = len(seg.problems)
 
     def _skippable(self, next_name: str) -> bool:
         header = read_header(self.fs, self.directory, next_name)

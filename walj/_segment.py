@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from . import _format as fmt
@@ -41,13 +41,24 @@ class SegmentScan:
     """Iterate to read the segment; afterwards the attributes describe what was found.
 
     Iteration yields (seq, data JSON bytes) for every line whose checksum verifies, in file order,
-    including ones after a problem: callers that must not use those check `problems` first.
+    from `start_seq` on. Before it yields a record that follows a problem it calls
+    `before_late_record`, which raises if such records must not be used.
     """
 
     def __init__(
-        self, fs: FileSystem, directory: str, name: str, *, expected_first_seq: int | None = None
+        self,
+        fs: FileSystem,
+        directory: str,
+        name: str,
+        *,
+        expected_first_seq: int | None = None,
+        start_seq: int = 0,
+        before_late_record: Callable[[SegmentScan], None] | None = None,
     ) -> None:
         self.fs = fs
+        self.start_seq = start_seq
+        self.before_late_record = before_late_record
+        self.reported = 0  # how many of `problems` the caller has dealt with
         self.name = name
         self.path = os.path.join(directory, name)
         self.header: fmt.Header | None = None
@@ -63,6 +74,10 @@ class SegmentScan:
         self.digest = hashlib.sha256()  # bytes [0, seal or first problem)
         self.valid_after_problem = False
         self.done = False
+        self._hashing = True
+        self._buf = b""
+        self._pos = 0
+        self._hash_from = 0
 
     @property
     def first_problem(self) -> Problem | None:
@@ -91,79 +106,70 @@ class SegmentScan:
 
     def _scan(self, fd: int) -> Iterator[tuple[int, bytes]]:
         fs = self.fs
+        xxh = fmt.xxh64_intdigest
+        frame_head = fmt.PREFIX + b'%016x",'
+        body_start = fmt.BODY_START
+        start_seq = self.start_seq
         pos = 0  # file offset of buf[0]
         buf = b""
-        hashing = True
-        skipping_from: int | None = None  # offset of an oversize line being skipped
+        skipping = False  # inside an oversize line, discarding up to its newline
         while True:
             chunk = fs.read(fd, CHUNK_BYTES)
             if not chunk:
                 break
-            if skipping_from is not None:
+            if skipping:
                 nl = chunk.find(b"\n")
                 if nl < 0:
                     pos += len(chunk)
                     continue
                 pos += nl + 1
                 chunk = chunk[nl + 1 :]
-                skipping_from = None
+                skipping = False
             buf = buf + chunk if buf else chunk
             lines = buf.split(b"\n")
             rest = lines.pop()
             off = pos
-            hash_from = 0  # index in buf of bytes not yet hashed
+            self._buf, self._pos, self._hash_from = buf, pos, 0
+            fast = self.header is not None and self.seal is None and not self.problems
+            expected = self.expected_seq or 0
+            tag = b'"seq":%d,"data":' % expected
+            data_at = body_start + len(tag)
+            count = 0
             for line in lines:
+                verified = line[:body_start] == frame_head % xxh(line[body_start:])
+                # The common case, kept lean: a verified record with the next seq, nothing amiss.
+                if fast and verified and line.startswith(tag, body_start) and line[-1] == 125:
+                    off += len(line) + 1
+                    count += 1
+                    if expected >= start_seq:
+                        yield expected, line[data_at:-1]
+                    expected += 1
+                    tag = b'"seq":%d,"data":' % expected
+                    data_at = body_start + len(tag)
+                    continue
                 end = off + len(line) + 1
-                if fmt.checksum_ok(line):
-                    if self.problems:
-                        self.valid_after_problem = True
-                    record = fmt.parse_data(line)
-                    if record is not None and self.seal is None and (self.header or off):
-                        seq = record[0]
-                        if seq != self.expected_seq and self.expected_seq is not None:
-                            kind = "seq_gap" if seq > self.expected_seq else "seq_repeat"
-                            self._problem(off, kind, f"expected seq {self.expected_seq}", seq)
-                        self.expected_seq = seq + 1
-                        self.last_seq = seq
-                        self.records += 1
-                        if not self.problems:
-                            self.valid_end = end
-                        yield record
-                    elif off == 0 and self.header is None:
-                        self._read_header(line)
-                        if self.header is not None:
-                            self.valid_end = end
-                    elif self.seal is None and self.header is not None:
-                        if not self._read_seal(off, line):
-                            self._problem(off, "bad_line", "unexpected line kind", None)
-                        elif hashing:
-                            self.digest.update(memoryview(buf)[hash_from : off - pos])
-                            hashing = False
-                            if not self.problems:
-                                self.valid_end = end
-                    else:
-                        kind = "data_after_seal" if self.seal is not None else "bad_line"
-                        self._problem(off, kind, "line where none may stand", None)
-                else:
-                    if off == 0:
-                        self._problem(0, "bad_header", "first line is not a valid header")
-                    else:
-                        self._problem(off, _bad_line_kind(line), "checksum does not verify")
-                if self.problems and hashing:
-                    self.digest.update(memoryview(buf)[hash_from : self.valid_end - pos])
-                    hashing = False
+                self._settle(count, expected, off)
+                count = 0
+                record = self._line(line, off, end, verified)
+                expected = self.expected_seq or 0
+                tag = b'"seq":%d,"data":' % expected
+                data_at = body_start + len(tag)
+                fast = self.header is not None and self.seal is None and not self.problems
                 off = end
-            if hashing:
-                self.digest.update(memoryview(buf)[hash_from : off - pos])
+                if record is not None and record[0] >= start_seq:
+                    yield record
+            self._settle(count, expected, off)
+            if self._hashing:
+                self.digest.update(memoryview(buf)[self._hash_from : off - pos])
             pos = off
             buf = rest
             if len(buf) > self._line_limit():
                 self._problem(pos, "oversize_line", f"no newline within {self._line_limit()} bytes")
-                if hashing:
-                    hashing = False
-                skipping_from = pos
+                self._hashing = False
+                skipping = True
                 pos += len(buf)
                 buf = b""
+        self._buf = b""
         if buf:
             kind = _bad_line_kind(buf)
             if kind != "zero_fill":
@@ -173,6 +179,67 @@ class SegmentScan:
         header_kinds = ("bad_header", "unsupported_version")
         if self.header is None and not any(p.kind in header_kinds for p in self.problems):
             self._problem(0, "bad_header", "segment has no header")
+
+    def _settle(self, count: int, expected: int | None, off: int) -> None:
+        """Carry the fast path's running figures into the attributes."""
+        if count:
+            self.records += count
+            self.expected_seq = expected
+            self.last_seq = expected - 1  # type: ignore[operator]
+            if not self.problems:
+                self.valid_end = off
+
+    def _stop_hashing(self, upto: int) -> None:
+        if self._hashing:
+            self.digest.update(memoryview(self._buf)[self._hash_from : upto - self._pos])
+            self._hashing = False
+
+    def _line(self, line: bytes, off: int, end: int, verified: bool) -> tuple[int, bytes] | None:
+        """Everything but the common case: headers, seals, seq anomalies and bad lines."""
+        if not verified:
+            if off == 0:
+                self._problem(0, "bad_header", "first line is not a valid header")
+            else:
+                self._problem(off, _bad_line_kind(line), "checksum does not verify")
+            self._stop_hashing(self.valid_end)
+            return None
+        if self.problems:
+            self.valid_after_problem = True
+        record = fmt.parse_data(line)
+        if record is not None and self.problems and self.before_late_record is not None:
+            self.before_late_record(self)  # a verified record after a problem: may raise
+        if record is not None and self.seal is None and (self.header or off):
+            seq = record[0]
+            if seq != self.expected_seq and self.expected_seq is not None:
+                kind = "seq_gap" if seq > self.expected_seq else "seq_repeat"
+                self._problem(off, kind, f"expected seq {self.expected_seq}", seq)
+            self.expected_seq = seq + 1
+            self.last_seq = seq
+            self.records += 1
+            if not self.problems:
+                self.valid_end = end
+            else:
+                self._stop_hashing(self.valid_end)
+            return record
+        if off == 0 and self.header is None:
+            self._read_header(line)
+            if self.header is not None:
+                self.valid_end = end
+            else:
+                self._stop_hashing(0)
+        elif self.seal is None and self.header is not None:
+            if not self._read_seal(off, line):
+                self._problem(off, "bad_line", "unexpected line kind", None)
+                self._stop_hashing(self.valid_end)
+            else:
+                self._stop_hashing(off)
+                if not self.problems:
+                    self.valid_end = end
+        else:
+            kind = "data_after_seal" if self.seal is not None else "bad_line"
+            self._problem(off, kind, "line where none may stand", None)
+            self._stop_hashing(self.valid_end)
+        return None
 
     def _read_header(self, line: bytes) -> None:
         try:
