@@ -8,6 +8,7 @@ import os
 import threading
 import time
 import uuid
+from _thread import LockType, allocate_lock
 from collections import deque
 from collections.abc import Callable, Iterable
 from types import TracebackType
@@ -29,6 +30,7 @@ from .errors import (
 )
 
 SYNC_MODES = ("always", "batch", "interval", "never")
+GATHER_SECONDS = 0.001
 Replay = Callable[[int, bytes], None]
 
 
@@ -78,6 +80,10 @@ class Log:
         self._read_only = read_only
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
+        self._gathered = threading.Condition(self._lock)
+        self._active = 0  # batch mode: appenders inside append()
+        self._pending: list[int] = []  # seqs that appenders wait on and no sync has covered yet
+        self._latch = allocate_lock()  # released when the sync under way is over
         self._writer_lock: WriterLock | None = None
         self._fd = -1
         self._index = 0
@@ -207,6 +213,19 @@ class Log:
     def append(self, record: dict[str, Any], *, durable: bool = False) -> int:
         """Append one record and return its seq. Durable on return when sync is "always" or
         "batch", or when `durable=True` whatever the sync mode."""
+        if not self._batch:
+            return self._append_one(record, durable)
+        # Counted in, so that a group sync can wait for the appenders still writing.
+        with self._lock:
+            self._active += 1
+        try:
+            return self._append_one(record, True)
+        finally:
+            with self._lock:
+                self._active -= 1
+                self._gathered.notify()
+
+    def _append_one(self, record: dict[str, Any], durable: bool) -> int:
         data = encode_record(record)
         if len(data) > self._max_record:
             raise RecordTooLargeError(
@@ -230,7 +249,7 @@ class Log:
                 self._rotate()
             elif self._always:
                 self._sync_locked()
-        if (durable or self._batch) and seq > self._durable_seq:
+        if durable and seq > self._durable_seq:
             self._wait_durable(seq)
         return seq
 
@@ -297,32 +316,72 @@ class Log:
             raise self._poison(exc) from exc
         self._cond.notify_all()
 
+    def _gather(self) -> None:
+        """Before a group sync, wait (briefly) until every appender inside `append` is waiting on
+        a record no sync has covered: those still writing, and those a sync just released that
+        loop straight back, then share this sync instead of alternating batches of one and many.
+        """
+        deadline = 0.0
+        while self._active > len(self._pending):
+            now = time.monotonic()
+            if not deadline:
+                deadline = now + GATHER_SECONDS
+            elif now >= deadline:
+                return
+            self._gathered.wait(deadline - now)
+
     def _wait_durable(self, seq: int) -> None:
-        """Group commit: the first waiter syncs for everyone written so far; others wait."""
-        with self._cond:
+        """Group commit: the first waiter syncs for everyone written so far; the others wait
+        on that round's latch, a plain lock the leader releases when its sync is over, so
+        waking them costs no trip through the log's lock."""
+        with self._lock:
+            self._pending.append(seq)
+            self._gathered.notify()
+        try:
             while self._durable_seq < seq:
-                if self._poisoned is not None:
-                    raise PoisonedError(f"log is poisoned: {self._poisoned}")
-                if self._syncing:
-                    self._cond.wait()
-                    continue
-                if self._closed:
-                    raise ClosedError("log is closed")
-                self._syncing = True
-                target, fd = self._next_seq - 1, self._fd
-                self._lock.release()
-                failure: OSError | None = None
-                try:
-                    self._fs.sync(fd)
-                except OSError as exc:
-                    failure = exc
-                finally:
-                    self._lock.acquire()
-                    self._syncing = False
-                    self._cond.notify_all()
-                if failure is not None:
-                    raise self._poison(failure) from failure
+                with self._lock:
+                    latch = self._sync_round(seq)
+                if latch is not None:
+                    latch.acquire()
+                    latch.release()
+        finally:
+            if self._durable_seq < seq:  # failed: the leader's pruning did not reach it
+                with self._lock:
+                    if seq in self._pending:
+                        self._pending.remove(seq)
+
+    def _sync_round(self, seq: int) -> LockType | None:
+        """With the lock held: lead a sync, or return the latch of the sync under way."""
+        if self._durable_seq >= seq:
+            return None
+        if self._poisoned is not None:
+            raise PoisonedError(f"log is poisoned: {self._poisoned}")
+        if self._syncing:
+            return self._latch
+        if self._closed:
+            raise ClosedError("log is closed")
+        self._syncing = True
+        latch = self._latch = allocate_lock()
+        latch.acquire()
+        self._gather()
+        target, fd = self._next_seq - 1, self._fd
+        self._lock.release()
+        failure: OSError | None = None
+        try:
+            self._fs.sync(fd)
+        except OSError as exc:
+            failure = exc
+        finally:
+            self._lock.acquire()
+            self._syncing = False
+            if failure is None:
                 self._durable_seq = max(self._durable_seq, target)
+                self._pending = [s for s in self._pending if s > target]
+            latch.release()
+            self._cond.notify_all()
+        if failure is not None:
+            raise self._poison(failure) from failure
+        return None
 
     def sync(self) -> None:
         """Make every record appended so far durable, whatever the sync mode."""
