@@ -1,69 +1,27 @@
-"""The writer: appends to one log directory with an fsync policy, group commit and rotation."""
+"""The writer: appends records to one log directory, rotating and sealing its segments."""
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
 import threading
 import time
-import uuid
-from _thread import LockType, allocate_lock
-from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from types import TracebackType
 from typing import Any
 
 from . import _format as fmt
+from ._durability import Durability
 from ._format import encode_record, frame_record
 from ._fs import DEFAULT_FS, FileSystem, write_all
 from ._lock import WriterLock
-from ._quarantine import Quarantined, cut_segment
-from ._scan import MODES, LogScan
+from ._opening import Replay, check_options, prepare_directory, recover
+from ._quarantine import Quarantined
 from ._segment import Problem, SegmentScan
-from .errors import (
-    ClosedError,
-    DiskFullError,
-    PoisonedError,
-    RecordTooLargeError,
-    WaljError,
-)
-
-SYNC_MODES = ("always", "batch", "interval", "never")
-GATHER_SECONDS = 0.001
-Replay = Callable[[int, bytes], None]
+from .errors import PoisonedError, RecordTooLargeError
 
 
-def _check_options(sync: str, segment_bytes: int, max_record_bytes: int, recovery: str,
-                   lock_timeout: float, sync_interval_ms: float) -> None:
-    if sync not in SYNC_MODES:
-        raise ValueError(f"sync must be one of {', '.join(SYNC_MODES)}, not {sync!r}")
-    if recovery not in MODES:
-        raise ValueError(f"recovery must be one of {', '.join(MODES)}, not {recovery!r}")
-    if not 1 <= max_record_bytes <= fmt.MAX_RECORD_BYTES_LIMIT:
-        raise ValueError(f"max_record_bytes must be 1..{fmt.MAX_RECORD_BYTES_LIMIT}")
-    if segment_bytes < 1024:
-        raise ValueError("segment_bytes must be at least 1024")
-    if lock_timeout < 0 and lock_timeout != -1:
-        raise ValueError("lock_timeout must be >= 0 seconds, or -1 to wait forever")
-    if sync_interval_ms <= 0:
-        raise ValueError("sync_interval_ms must be > 0")
-
-
-def _prepare_directory(fs: FileSystem, directory: str, create: bool) -> None:
-    if os.path.lexists(directory):
-        if not os.path.isdir(directory):
-            raise WaljError(f"{directory} exists and is not a directory")
-        return
-    if not create:
-        raise WaljError(f"{directory} does not exist")
-    parent = os.path.dirname(os.path.abspath(directory))
-    os.makedirs(parent, mode=0o700, exist_ok=True)
-    fs.mkdir(directory)
-    fs.sync_dir(parent)
-
-
-class Log:
+class Log(Durability):
     """An open write-ahead log. Use `Log.open`; a `Log` is a context manager."""
 
     def __init__(self, directory: str, fs: FileSystem, sync: str, segment_bytes: int,
@@ -74,16 +32,11 @@ class Log:
         self._mode = sync
         self._always = sync == "always"
         self._batch = sync == "batch"
-        self._unusable = read_only  # closed, poisoned or read-only: the slow check says which
         self._segment_bytes = segment_bytes
         self._max_record = max_record_bytes
         self._read_only = read_only
-        self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)
-        self._gathered = threading.Condition(self._lock)
-        self._active = 0  # batch mode: appenders inside append()
-        self._pending: list[int] = []  # seqs that appenders wait on and no sync has covered yet
-        self._latch = allocate_lock()  # released when the sync under way is over
+        self._init_durability()
+        self._unusable = read_only
         self._writer_lock: WriterLock | None = None
         self._fd = -1
         self._index = 0
@@ -92,9 +45,6 @@ class Log:
         self._hash_update = self._hash.update
         self._segment_records = 0
         self._next_seq = 1
-        self._durable_seq = 0
-        self._syncing = False
-        self._poisoned: BaseException | None = None
         self._closed = False
         self._log_id = ""
         self._stop = threading.Event()
@@ -119,12 +69,12 @@ class Log:
         _replay: Replay | None = None,
     ) -> Log:
         """Open (creating if needed) the log in directory `path`; see docs/FORMAT.md."""
-        _check_options(sync, segment_bytes, max_record_bytes, recovery, lock_timeout,
+        check_options(sync, segment_bytes, max_record_bytes, recovery, lock_timeout,
                        sync_interval_ms)
         fs = _fs or DEFAULT_FS
         directory = os.fspath(path)
         read_only = recovery == "salvage"
-        _prepare_directory(fs, directory, create=not read_only)
+        prepare_directory(fs, directory, create=not read_only)
         log = cls(directory, fs, sync, segment_bytes, max_record_bytes, read_only)
         if not read_only:
             log._writer_lock = WriterLock(fs, directory, lock_timeout)
@@ -141,32 +91,15 @@ class Log:
         return log
 
     def _recover(self, recovery: str, replay: Replay | None) -> None:
-        fs, directory = self._fs, self._dir
-        if not self._read_only:
-            for name in fs.listdir(directory):
-                if name.endswith(".jsonl.tmp") and fmt.segment_index(name[:-4]) is not None:
-                    # A rotation died before its rename: the file holds a header and nothing else.
-                    fs.unlink(os.path.join(directory, name))
-                    fs.sync_dir(directory)
-        scan = LogScan(directory, mode=recovery, fs=fs)
-        if replay is None:
-            deque(scan, maxlen=0)
-        else:
-            for seq, data in scan:
-                replay(seq, data)
-        self.problems = scan.problems
-        self._log_id = scan.log_id or uuid.uuid4().hex
+        found = recover(self._fs, self._dir, recovery, replay, writable=not self._read_only)
+        self.problems = found.problems
+        self.torn_tail = found.torn_tail
+        self._log_id = found.log_id
         if self._read_only:
-            self._next_seq = scan.last_seq + 1
+            self._next_seq = found.last_seq + 1
             self._closed = self._unusable = True  # nothing to write; reads go through walj.read
             return
-        last = scan.last
-        if scan.torn_tail is not None:
-            torn = scan.torn_tail
-            self.torn_tail = cut_segment(fs, directory, torn.file, torn.offset, torn.kind)
-            if torn.offset == 0:
-                last = scan.before_last
-        self._resume(last)
+        self._resume(found.last)
 
     def _resume(self, last: SegmentScan | None) -> None:
         if last is None or last.header is None:
@@ -290,13 +223,6 @@ class Log:
         elif self._always:
             self._sync_locked()
 
-    def _sync_locked(self) -> None:
-        try:
-            self._fs.sync(self._fd)
-        except OSError as exc:
-            raise self._poison(exc) from exc
-        self._durable_seq = self._next_seq - 1
-
     def _rotate(self) -> None:
         """Seal the active segment and start the next one. Called with the lock held."""
         while self._syncing:
@@ -316,110 +242,7 @@ class Log:
             raise self._poison(exc) from exc
         self._cond.notify_all()
 
-    def _gather(self) -> None:
-        """Before a group sync, wait (briefly) until every appender inside `append` is waiting on
-        a record no sync has covered: those still writing, and those a sync just released that
-        loop straight back, then share this sync instead of alternating batches of one and many.
-        """
-        deadline = 0.0
-        while self._active > len(self._pending):
-            now = time.monotonic()
-            if not deadline:
-                deadline = now + GATHER_SECONDS
-            elif now >= deadline:
-                return
-            self._gathered.wait(deadline - now)
-
-    def _wait_durable(self, seq: int) -> None:
-        """Group commit: the first waiter syncs for everyone written so far; the others wait
-        on that round's latch, a plain lock the leader releases when its sync is over, so
-        waking them costs no trip through the log's lock."""
-        with self._lock:
-            self._pending.append(seq)
-            self._gathered.notify()
-        try:
-            while self._durable_seq < seq:
-                with self._lock:
-                    latch = self._sync_round(seq)
-                if latch is not None:
-                    latch.acquire()
-                    latch.release()
-        finally:
-            if self._durable_seq < seq:  # failed: the leader's pruning did not reach it
-                with self._lock:
-                    if seq in self._pending:
-                        self._pending.remove(seq)
-
-    def _sync_round(self, seq: int) -> LockType | None:
-        """With the lock held: lead a sync, or return the latch of the sync under way."""
-        if self._durable_seq >= seq:
-            return None
-        if self._poisoned is not None:
-            raise PoisonedError(f"log is poisoned: {self._poisoned}")
-        if self._syncing:
-            return self._latch
-        if self._closed:
-            raise ClosedError("log is closed")
-        self._syncing = True
-        latch = self._latch = allocate_lock()
-        latch.acquire()
-        self._gather()
-        target, fd = self._next_seq - 1, self._fd
-        self._lock.release()
-        failure: OSError | None = None
-        try:
-            self._fs.sync(fd)
-        except OSError as exc:
-            failure = exc
-        finally:
-            self._lock.acquire()
-            self._syncing = False
-            if failure is None:
-                self._durable_seq = max(self._durable_seq, target)
-                self._pending = [s for s in self._pending if s > target]
-            latch.release()
-            self._cond.notify_all()
-        if failure is not None:
-            raise self._poison(failure) from failure
-        return None
-
-    def sync(self) -> None:
-        """Make every record appended so far durable, whatever the sync mode."""
-        with self._lock:
-            self._check_usable()
-            target = self._next_seq - 1
-        if target > self._durable_seq:
-            self._wait_durable(target)
-
-    def _interval_loop(self, interval: float) -> None:
-        while not self._stop.wait(interval):
-            try:
-                if not self._closed and self._next_seq - 1 > self._durable_seq:
-                    self._wait_durable(self._next_seq - 1)
-            except WaljError:
-                return  # poisoned or closed: appenders see the error themselves
-
     # --- failure and closing -------------------------------------------------------------------
-
-    def _poison(self, exc: OSError) -> PoisonedError:
-        """Refuse all further work: after a failed write or fsync the file's state is unknown,
-        and a retried fsync may report success for pages the kernel already dropped."""
-        if self._poisoned is None:
-            self._poisoned = exc
-        self._unusable = True
-        self._cond.notify_all()
-        if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
-            return DiskFullError(f"disk full while writing {self._dir}: {exc}; reopen to recover")
-        return PoisonedError(f"I/O failure on {self._dir}: {exc}; reopen to recover")
-
-    def _check_usable(self) -> None:
-        if self._read_only:
-            raise WaljError("log was opened with recovery='salvage', which is read-only")
-        if self._closed:
-            raise ClosedError("log is closed")
-        if self._poisoned is not None:
-            raise PoisonedError(
-                f"log is poisoned by an earlier failure ({self._poisoned}); reopen to recover")
 
     def close(self) -> None:
         """Sync what was appended (in every sync mode), then release the directory."""

@@ -1,0 +1,86 @@
+"""Opening a log directory: checking options, creating the directory, recovering its tail."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from . import _format as fmt
+from ._fs import FileSystem
+from ._quarantine import Quarantined, cut_segment
+from ._scan import MODES, LogScan
+from ._segment import Problem, SegmentScan
+from .errors import WaljError
+
+SYNC_MODES = ("always", "batch", "interval", "never")
+Replay = Callable[[int, bytes], None]
+
+
+def check_options(sync: str, segment_bytes: int, max_record_bytes: int, recovery: str,
+                  lock_timeout: float, sync_interval_ms: float) -> None:
+    if sync not in SYNC_MODES:
+        raise ValueError(f"sync must be one of {', '.join(SYNC_MODES)}, not {sync!r}")
+    if recovery not in MODES:
+        raise ValueError(f"recovery must be one of {', '.join(MODES)}, not {recovery!r}")
+    if not 1 <= max_record_bytes <= fmt.MAX_RECORD_BYTES_LIMIT:
+        raise ValueError(f"max_record_bytes must be 1..{fmt.MAX_RECORD_BYTES_LIMIT}")
+    if segment_bytes < 1024:
+        raise ValueError("segment_bytes must be at least 1024")
+    if lock_timeout < 0 and lock_timeout != -1:
+        raise ValueError("lock_timeout must be >= 0 seconds, or -1 to wait forever")
+    if sync_interval_ms <= 0:
+        raise ValueError("sync_interval_ms must be > 0")
+
+
+def prepare_directory(fs: FileSystem, directory: str, create: bool) -> None:
+    """Refuse a path that is not a directory; create a missing one (0700) and sync its parent."""
+    if os.path.lexists(directory):
+        if not os.path.isdir(directory):
+            raise WaljError(f"{directory} exists and is not a directory")
+        return
+    if not create:
+        raise WaljError(f"{directory} does not exist")
+    parent = os.path.dirname(os.path.abspath(directory))
+    os.makedirs(parent, mode=0o700, exist_ok=True)
+    fs.mkdir(directory)
+    fs.sync_dir(parent)
+
+
+@dataclass
+class Recovered:
+    """What a writer needs from the log on disk to go on appending."""
+
+    log_id: str
+    last: SegmentScan | None  # the segment to append to, or to seal from; None: a new log
+    last_seq: int
+    problems: list[Problem]
+    torn_tail: Quarantined | None
+
+
+def recover(fs: FileSystem, directory: str, mode: str, replay: Replay | None, *,
+            writable: bool) -> Recovered:
+    """Scan the whole log (feeding `replay`), then, if writable, cut a torn tail aside."""
+    if writable:
+        for name in fs.listdir(directory):
+            if name.endswith(".jsonl.tmp") and fmt.segment_index(name[:-4]) is not None:
+                # A rotation died before its rename: the file holds a header and nothing else.
+                fs.unlink(os.path.join(directory, name))
+                fs.sync_dir(directory)
+    scan = LogScan(directory, mode=mode, fs=fs)
+    if replay is None:
+        deque(scan, maxlen=0)
+    else:
+        for seq, data in scan:
+            replay(seq, data)
+    last = scan.last
+    quarantined = None
+    torn = scan.torn_tail
+    if torn is not None and writable:
+        quarantined = cut_segment(fs, directory, torn.file, torn.offset, torn.kind)
+        if torn.offset == 0:
+            last = scan.before_last
+    return Recovered(scan.log_id or uuid.uuid4().hex, last, scan.last_seq, scan.problems,
+                     quarantined)
