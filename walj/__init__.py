@@ -41,7 +41,7 @@ __all__ = [
 # --- the journal (journal/recovery) ---
 
 from ._journal import ToolJournal  # noqa: E402
-from ._recovery import (  # noqa: E402
+from ._records import (  # noqa: E402
     Blocker,
     IncompleteTurn,
     PendingLLMCall,

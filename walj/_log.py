@@ -7,6 +7,7 @@ import os
 import threading
 import time
 from collections.abc import Iterable
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -297,8 +298,8 @@ class Log(Durability):
     # --- what it is ----------------------------------------------------------------------------
 
     @property
-    def path(self) -> str:
-        return self._dir
+    def path(self) -> Path:
+        return Path(self._dir)
 
     @property
     def log_id(self) -> str:

@@ -1,0 +1,100 @@
+"""The journal's record schema: contract version, record kinds, blocker states, and the
+types of the recovery view. Standard library only (the forensic tool)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# Bump when a record kind is added or a field changes meaning: an older walj must refuse a log
+# it cannot fully understand rather than miss a blocker.
+CONTRACT_VERSION = 1
+SUPPORTED_VERSIONS = frozenset({CONTRACT_VERSION})
+
+TURN_STARTED = "turn_started"
+TURN_COMPLETED = "turn_completed"
+TURN_RESOLVED = "turn_resolved"
+STARTED = "tool_execution_started"
+FINISHED = "tool_execution_finished"
+AMBIGUOUS = "tool_execution_ambiguous"
+BLOCKED = "tool_execution_blocked"
+RESOLVED = "tool_execution_resolved"
+RECONCILE_FAILED = "tool_execution_reconcile_failed"
+LLM_STARTED = "llm_call_started"
+LLM_FINISHED = "llm_call_finished"
+LLM_RESOLVED = "llm_call_resolved"
+
+# Blocker states.
+STATE_STARTED = "started"
+STATE_AMBIGUOUS = "ambiguous"
+STATE_INTERRUPTED_TURN = "interrupted_turn"
+STATE_PENDING_LLM_CALL = "pending_llm_call"
+
+
+@dataclass(frozen=True)
+class Blocker:
+    """One reason dispatch is blocked. Turn and LLM-call blockers have no tool fields."""
+
+    execution_id: str | None
+    tool: str | None
+    call_id: str | None
+    state: str
+    turn_sequence: int | None
+    arguments_sha256: str | None
+    arguments_preview: str | None
+    idempotency_key: str | None = None
+    started_at: float | None = None
+    seq: int = 0
+    error_type: str | None = None
+    reconcile_error: str | None = None
+    arguments: Any = None
+
+
+@dataclass(frozen=True)
+class IncompleteTurn:
+    """A turn_started with no turn_completed paired to it, and no resolution."""
+
+    turn_sequence: int
+    started_at: float | None
+    seq: int
+    tool_bearing: bool
+
+
+@dataclass(frozen=True)
+class PendingLLMCall:
+    llm_call_id: str
+    model: str | None
+    turn_sequence: int | None
+    started_at: float | None
+    seq: int
+    request_sha256: str | None
+    request_preview: str | None
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """A durable settlement by a person, a policy or a reconcile hook."""
+
+    kind: str  # "execution", "turn" or "llm_call"
+    execution_id: str | None
+    turn_sequence: int | None
+    tool: str | None
+    outcome: str
+    actor: str
+    note: str | None
+    at: float | None
+    seq: int
+    output: Any = None
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """What an open journal found: dispatch is blocked while `blockers` is not empty."""
+
+    blocked: bool
+    blockers: tuple[Blocker, ...]
+    incomplete_turns: tuple[IncompleteTurn, ...]
+    pending_llm_calls: tuple[PendingLLMCall, ...]
+    resolved: tuple[Resolution, ...]
+    records: int
+    last_seq: int
