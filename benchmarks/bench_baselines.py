@@ -1,0 +1,191 @@
+"""Baselines walj is compared with: raw fdatasync loop, SQLite WAL, and JSONL append files."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from bench_core import Sample, make_record, timed_loop
+
+RAW_LINE = json.dumps(make_record(0), separators=(",", ":")).encode() + b"\n"
+
+
+def _datasync() -> Callable[[int], None]:
+    """The strongest data sync the platform has: F_FULLFSYNC on macOS, else fdatasync."""
+    if sys.platform == "darwin":
+        import fcntl
+
+        def full(fd: int) -> None:
+            fcntl.fcntl(fd, fcntl.F_FULLFSYNC)
+
+        return full
+    return getattr(os, "fdatasync", os.fsync)
+
+
+def raw_fsync(duration: float) -> Callable[[Path], Sample]:
+    """os.write of a pre-encoded ~200-byte line + fdatasync, O_APPEND: the disk's limit."""
+
+    def measure(d: Path) -> Sample:
+        sync = _datasync()
+        fd = os.open(d / "raw.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+
+            def op(_i: int) -> None:
+                os.write(fd, RAW_LINE)
+                sync(fd)
+
+            return timed_loop(op, duration)
+        finally:
+            os.close(fd)
+
+    return measure
+
+
+def jsonl(duration: float, fsync: bool) -> Callable[[Path], Sample]:
+    """What most agent runtimes do: open(..., "a"), write a json.dumps line, flush (+ os.fsync)."""
+
+    def measure(d: Path) -> Sample:
+        with open(d / "log.jsonl", "a", encoding="utf-8") as f:
+            fileno = f.fileno()
+
+            def op(i: int) -> None:
+                f.write(json.dumps(make_record(i)) + "\n")
+                f.flush()
+                if fsync:
+                    os.fsync(fileno)
+
+            return timed_loop(op, duration)
+
+    return measure
+
+
+def sqlite_connect(path: Path, synchronous: str) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, timeout=30.0)
+    conn.execute("PRAGMA busy_timeout=30000")
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute(f"PRAGMA synchronous={synchronous}")
+    if sys.platform == "darwin":
+        conn.execute("PRAGMA fullfsync=ON")
+    return conn
+
+
+def sqlite_create(path: Path) -> None:
+    conn = sqlite_connect(path, "FULL")
+    conn.execute("CREATE TABLE IF NOT EXISTS records (seq INTEGER PRIMARY KEY, data TEXT NOT NULL)")
+    conn.commit()
+    conn.close()
+
+
+INSERT = "INSERT INTO records (data) VALUES (?)"
+
+
+def sqlite_append(duration: float, synchronous: str) -> Callable[[Path], Sample]:
+    """SQLite in WAL mode: one INSERT of the json.dumps record and one commit per record."""
+
+    def measure(d: Path) -> Sample:
+        db = d / "bench.sqlite3"
+        sqlite_create(db)
+        conn = sqlite_connect(db, synchronous)
+        try:
+
+            def op(i: int) -> None:
+                conn.execute(INSERT, (json.dumps(make_record(i)),))
+                conn.commit()
+
+            return timed_loop(op, duration)
+        finally:
+            conn.close()
+
+    return measure
+
+
+def run_threads(
+    n_threads: int,
+    duration: float,
+    make_op: Callable[[int], tuple[Callable[[int], object], Callable[[], None]]],
+) -> Sample:
+    """Throughput of n threads calling their op until told to stop.
+
+    `make_op(k)` runs inside thread k before the start line and returns (op, cleanup).
+    The rate is all completed ops over the time from the start line to the last thread's end.
+    """
+    barrier = threading.Barrier(n_threads + 1)
+    stop = threading.Event()
+    counts = [0] * n_threads
+    errors: list[BaseException] = []
+
+    def worker(k: int) -> None:
+        try:
+            op, cleanup = make_op(k)
+        except BaseException as exc:  # noqa: BLE001 - reported to the caller below
+            errors.append(exc)
+            barrier.abort()
+            return
+        try:
+            barrier.wait()
+            n = 0
+            base = k << 40
+            while not stop.is_set():
+                op(base + n)
+                n += 1
+            counts[k] = n
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+            stop.set()
+        finally:
+            cleanup()
+
+    threads = [threading.Thread(target=worker, args=(k,), daemon=True) for k in range(n_threads)]
+    for t in threads:
+        t.start()
+    try:
+        barrier.wait()
+    except threading.BrokenBarrierError:
+        pass
+    start = time.perf_counter()
+    time.sleep(duration)
+    stop.set()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - start
+    if errors:
+        raise errors[0] if isinstance(errors[0], Exception) else RuntimeError(repr(errors[0]))
+    total = sum(counts)
+    return Sample(value=total / elapsed, ops=total, seconds=elapsed)
+
+
+def sqlite_threads(duration: float, n_threads: int) -> Callable[[Path], Sample]:
+    """SQLite WAL synchronous=FULL, one connection per thread, one INSERT + commit per record."""
+
+    def measure(d: Path) -> Sample:
+        db = d / "bench.sqlite3"
+        sqlite_create(db)
+
+        def make_op(_k: int) -> tuple[Callable[[int], object], Callable[[], None]]:
+            conn = sqlite_connect(db, "FULL")
+
+            def op(i: int) -> None:
+                conn.execute(INSERT, (json.dumps(make_record(i)),))
+                conn.commit()
+
+            return op, conn.close
+
+        return run_threads(n_threads, duration, make_op)
+
+    return measure
+
+
+def sqlite_fixture(db: Path, rows: Iterable[str]) -> None:
+    """Create `db` holding the given JSON strings, in one transaction."""
+    sqlite_create(db)
+    conn = sqlite_connect(db, "NORMAL")
+    conn.executemany(INSERT, ((s,) for s in rows))
+    conn.commit()
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()

@@ -1,0 +1,236 @@
+"""Report writing: the results table (Markdown and JSON) and the optional matplotlib plots."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from bench_core import Row, Series
+
+RATIO_NOTE = (
+    "ratio > 1 means walj is better: rates are walj / baseline; latency and memory are "
+    "baseline / walj."
+)
+
+
+def fmt(value: float | None, unit: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    if unit == "us":
+        return f"{value:.1f} µs" if value < 1000 else f"{value / 1000:.2f} ms"
+    if unit == "MB":
+        return f"{value:.1f} MB"
+    if unit == "s":
+        return f"{value:.3f} s"
+    if value >= 1e6:
+        num = f"{value / 1e6:.2f}M"
+    elif value >= 1e4:
+        num = f"{value / 1e3:.0f}k"
+    elif value >= 100:
+        num = f"{value:,.0f}"
+    else:
+        num = f"{value:.3g}"
+    return f"{num} {unit}"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def markdown(
+    header: list[str], rows: list[Row], series: dict[str, Series], notes: list[str]
+) -> str:
+    lines = ["# walj benchmark results", ""]
+    lines += header
+    lines += ["", RATIO_NOTE, ""]
+    lines.append("| id | figure | walj | baseline | ratio | target | met? |")
+    lines.append("|---|---|---|---|---|---|---|")
+    for r in rows:
+        walj = r.status or fmt(r.walj, r.unit)
+        if r.base_status:
+            base = "—" if r.base_status == r.status else r.base_status
+        else:
+            base = fmt(r.base, r.unit) if r.base is not None else "—"
+        ratio = f"{r.ratio:.2f}×" if r.ratio is not None and not r.status else "—"
+        target = ", ".join(t.label for t in r.targets) or "—"
+        cells = [f"`{r.id}`", r.figure, walj, base, ratio, target, r.met]
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    lines += ["", "## Series (every repetition, in order)", ""]
+    lines.append("| series | median | p50 | p99 | repetitions |")
+    lines.append("|---|---|---|---|---|")
+    for s in series.values():
+        if s.status:
+            lines.append(f"| {s.name} | {_cell(s.status)} | | | |")
+            continue
+        reps = ", ".join(fmt(x.value, s.unit) for x in s.samples)
+        p50 = fmt(s.median_of("p50_us"), "us") if s.median_of("p50_us") is not None else ""
+        p99 = fmt(s.median_of("p99_us"), "us") if s.median_of("p99_us") is not None else ""
+        lines.append(f"| {s.name} | {fmt(s.median(), s.unit)} | {p50} | {p99} | {reps} |")
+    if notes:
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in notes]
+    return "\n".join(lines) + "\n"
+
+
+def as_json(meta: dict[str, Any], rows: list[Row], series: dict[str, Series]) -> str:
+    doc: dict[str, Any] = dict(meta)
+    doc["rows"] = [
+        {
+            "id": r.id,
+            "figure": r.figure,
+            "unit": r.unit,
+            "walj": r.walj,
+            "baseline": r.base,
+            "ratio": r.ratio,
+            "targets": [t.label for t in r.targets],
+            "met": r.met,
+            "status": r.status,
+            "baseline_status": r.base_status,
+        }
+        for r in rows
+    ]
+    doc["series"] = {
+        s.name: {
+            "unit": s.unit,
+            "median": s.median(),
+            "values": [x.value for x in s.samples],
+            "p50_us": s.median_of("p50_us"),
+            "p99_us": s.median_of("p99_us"),
+            "status": s.status,
+        }
+        for s in series.values()
+    }
+    return json.dumps(doc, indent=2, allow_nan=False, default=str) + "\n"
+
+
+def matplotlib_available() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _measured(series: dict[str, Series], name: str) -> Series | None:
+    s = series.get(name)
+    return s if s is not None and not s.status and s.samples else None
+
+
+def plot(out: Path, series: dict[str, Series], threads: list[int], sizes: list[int]) -> list[str]:
+    """Write the PNG plots that have data; return their file names."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    written: list[str] = []
+
+    # Group-commit scaling: records/s against threads, walj batch and SQLite WAL FULL.
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    drew = False
+    for prefix, label in (
+        ("walj-batch-threads-", "walj sync=batch"),
+        ("sqlite-full-threads-", "SQLite WAL FULL"),
+    ):
+        pts = [(n, s) for n in threads if (s := _measured(series, f"{prefix}{n}"))]
+        if pts:
+            xs = [n for n, _ in pts]
+            med = [s.median() or 0.0 for _, s in pts]
+            lo = [m - min(x.value for x in s.samples) for m, (_, s) in zip(med, pts, strict=True)]
+            hi = [max(x.value for x in s.samples) - m for m, (_, s) in zip(med, pts, strict=True)]
+            ax.errorbar(xs, med, yerr=[lo, hi], marker="o", capsize=3, label=label)
+            drew = True
+    raw = _measured(series, "raw-fsync")
+    if raw is not None:
+        ax.axhline(
+            raw.median() or 0.0, linestyle=":", color="grey", label="raw fdatasync, 1 thread"
+        )
+    if drew:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(threads, [str(n) for n in threads])
+        ax.set_xlabel("threads")
+        ax.set_ylabel("durable records/s")
+        ax.set_title("Group commit: durable appends across threads")
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / "group_commit.png", dpi=120)
+        written.append("group_commit.png")
+    plt.close(fig)
+
+    # Open time against log size.
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    drew = False
+    for prefix, label in (
+        ("log-open-", "walj Log.open (recovery scan)"),
+        ("journal-open-", "walj ToolJournal.open (state rebuilt)"),
+        ("sqlite-scan-", "SQLite scan + json.loads (log rows)"),
+        ("sqlite-journal-", "SQLite scan + json.loads (journal rows)"),
+    ):
+        pts = [
+            (s.samples[0].ops, s)
+            for k in range(1, len(sizes) + 1)
+            if (s := _measured(series, f"{prefix}{k}"))
+        ]
+        if pts:
+            secs = [s.median_of("seconds") or 0.0 for _, s in pts]
+            ax.plot([n for n, _ in pts], secs, marker="o", label=label)
+            drew = True
+    if drew:
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel("records in the log")
+        ax.set_ylabel("seconds (median)")
+        ax.set_title("Open time against log size")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize="small")
+        fig.tight_layout()
+        fig.savefig(out / "open_time.png", dpi=120)
+        written.append("open_time.png")
+    plt.close(fig)
+
+    # Latency distribution per sync mode, with the baselines dashed.
+    fig, ax = plt.subplots(figsize=(7.2, 4.6))
+    drew = False
+    for name, label, style in (
+        ("walj-always", "walj always", "-"),
+        ("walj-batch", "walj batch", "-"),
+        ("walj-interval", "walj interval", "-"),
+        ("walj-never", "walj never", "-"),
+        ("raw-fsync", "raw fdatasync", "--"),
+        ("sqlite-full", "SQLite FULL", "--"),
+        ("jsonl-fsync", "JSONL + fsync", "--"),
+        ("sqlite-normal", "SQLite NORMAL", ":"),
+        ("jsonl-plain", "JSONL, no fsync", ":"),
+    ):
+        s = _measured(series, name)
+        if s is None:
+            continue
+        pooled = sorted(v for x in s.samples for v in x.sketch_us if v > 0)
+        if len(pooled) < 3:
+            continue
+        # Plotting positions strictly inside (0, 1), for the logit axis that shows the tail.
+        ys = [(i + 0.5) / len(pooled) for i in range(len(pooled))]
+        ax.plot(pooled, ys, style, label=label)
+        drew = True
+    if drew:
+        ax.set_xscale("log")
+        ax.set_yscale("logit")
+        ax.set_ylim(0.005, 0.999)
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"p{100 * v:g}"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel("append latency (µs)")
+        ax.set_ylabel("percentile")
+        ax.set_title("Append latency per sync mode (single thread)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize="small", ncol=2)
+        fig.tight_layout()
+        fig.savefig(out / "latency.png", dpi=120)
+        written.append("latency.png")
+    plt.close(fig)
+    return written
