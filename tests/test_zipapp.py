@@ -1,0 +1,136 @@
+"""walj-forensic.pyz: built from the repository's own walj sources, run in a venv with nothing
+installed (no msgspec, xxhash or filelock), it verifies logs the library wrote, really checking
+checksums, and does the read commands only."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cli_helpers import (
+    REPO,
+    Run,
+    flip_byte,
+    make_journal,
+    make_plain_log,
+    segments,
+    snapshot,
+    walj_cli,
+)
+
+
+@pytest.fixture(scope="module")
+def zipapp(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("zipapp")
+    pyz = base / "out" / "walj-forensic.pyz"
+    build = subprocess.run([sys.executable, "tools/build_zipapp.py", "--output", str(pyz)],
+                           cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert build.returncode == 0, build.stderr
+    assert pyz.is_file() and "built" in build.stdout
+    venv = base / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
+                   timeout=120)
+    python = venv / "bin" / "python"
+    return {"pyz": pyz, "python": python, "base": base}
+
+
+def forensic(app: dict[str, Path], *args: Any) -> Run:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    proc = subprocess.run([str(app["python"]), str(app["pyz"]), *map(str, args)],
+                          capture_output=True, text=True, timeout=120, env=env,
+                          cwd=str(app["base"]))
+    return Run(proc.returncode, proc.stdout, proc.stderr)
+
+
+def test_the_venv_has_nothing_installed(zipapp: dict[str, Path]) -> None:
+    for module in ("msgspec", "xxhash", "filelock", "walj"):
+        probe = subprocess.run([str(zipapp["python"]), "-c", f"import {module}"],
+                               capture_output=True, cwd=str(zipapp["base"]),
+                               env={"PATH": os.environ.get("PATH", "")})
+        assert probe.returncode != 0, f"{module} is importable in the bare venv"
+    version = forensic(zipapp, "--version")
+    assert version.code == 0
+    assert "pure-Python XXH64" in version.out and "json (stdlib)" in version.out
+
+
+def test_it_zips_the_repository_sources_unchanged(zipapp: dict[str, Path]) -> None:
+    package = Path(REPO) / "walj"
+    sources = {str(p.relative_to(REPO)): p.read_bytes() for p in package.rglob("*.py")
+               if "__pycache__" not in p.parts}
+    with zipfile.ZipFile(zipapp["pyz"]) as archive:
+        names = {n for n in archive.namelist() if not n.endswith("/")} - {"__main__.py"}
+        assert names == set(sources)
+        for name, data in sources.items():
+            assert archive.read(name) == data, name
+
+
+def test_verify_a_library_log_and_catch_a_flipped_byte(zipapp: dict[str, Path],
+                                                       tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    make_plain_log(log, 400, segment_bytes=8192)
+    assert len(segments(log)) > 2
+    run = forensic(zipapp, "verify", log, "--json")
+    assert run.code == 0, run.err
+    report = run.json()
+    assert report["ok"] is True and report["records"] == 400
+    assert report == walj_cli("verify", log, "--json").json()
+    # An edit that leaves valid JSON ("record 57" -> "record 56"): only the checksum sees it.
+    seg = segments(log)[1]
+    data = seg.read_bytes()
+    at = data.index(b'"text":"record ') + len(b'"text":"record ')
+    flip_byte(seg, at)
+    assert seg.read_bytes().splitlines()[1:2]  # still lines
+    json.loads(seg.read_bytes().split(b"\n")[1])  # and still JSON
+    bad = forensic(zipapp, "verify", log, "--json")
+    assert bad.code == 1
+    kinds = {p["kind"] for p in bad.json()["problems"]}
+    assert "bad_checksum" in kinds
+    assert forensic(zipapp, "verify", log).code == 1
+
+
+def _stable(report: dict[str, Any]) -> dict[str, Any]:
+    """An inspect report without what depends on when it ran."""
+    out = {k: v for k, v in report.items() if k != "now"}
+    for key in ("blockers", "incomplete_turns", "pending_llm_calls"):
+        out[key] = [{k: v for k, v in item.items() if k != "age_seconds"} for item in out[key]]
+    return out
+
+
+def test_read_commands_match_the_library_and_write_nothing(zipapp: dict[str, Path],
+                                                            tmp_path: Path) -> None:
+    root = tmp_path / "sessions"
+    eid = make_journal(root / "blocked", blocked=True)
+    make_journal(root / "clean")
+    before = snapshot(root)
+    blocked = root / "blocked"
+    inspect = forensic(zipapp, "inspect", blocked, "--json")
+    assert inspect.code == 1, inspect.err
+    assert inspect.json()["blockers"][0]["execution_id"] == eid
+    assert _stable(inspect.json()) == _stable(walj_cli("inspect", blocked, "--json").json())
+    dump = forensic(zipapp, "dump", blocked, "--json")
+    assert dump.code == 0
+    assert dump.lines() == walj_cli("dump", blocked, "--json").lines()
+    timeline = forensic(zipapp, "timeline", blocked, "--json")
+    assert timeline.code == 1
+    assert timeline.json() == walj_cli("timeline", blocked, "--json").json()
+    sweep = forensic(zipapp, "sweep", root, "--json")
+    assert sweep.code == 1, sweep.err
+    assert {Path(s["path"]).name: s["status"] for s in sweep.json()["sessions"]} == {
+        "blocked": "blocked", "clean": "clean"}
+    for command in ("stats", "tail"):
+        assert forensic(zipapp, command, blocked).code == 0
+    text = forensic(zipapp, "inspect", blocked)
+    assert "BLOCKED by 1 blocker" in text.out
+    for argv in (["resolve", blocked, eid, "--outcome", "succeeded", "--note", "n",
+                  "--actor", "a"], ["repair", blocked], ["demo", tmp_path / "demo"]):
+        refused = forensic(zipapp, *argv)
+        assert refused.code == 2 and "read-only" in refused.err
+        assert "Traceback" not in refused.err
+    assert snapshot(root) == before
+    assert not (tmp_path / "demo").exists()

@@ -1,0 +1,263 @@
+"""Shared plumbing of the commands: exit codes, input checks, scanning with progress, output."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from typing import IO, Any
+
+from .. import _format as fmt
+from .._fs import DEFAULT_FS
+from .._lock import OWNER_NAME
+from .._scan import LogScan, TornTail
+from .._segment import Problem, read_header
+
+EXIT_OK = 0
+EXIT_PROBLEMS = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+class CliError(Exception):
+    """A failure the command reports as one line on stderr, with its exit code."""
+
+    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# --- input ----------------------------------------------------------------------------------
+
+
+def segment_names(path: str) -> list[str]:
+    """The segment file names in directory `path`, in log order; CliError if it is not a log."""
+    if not os.path.lexists(path):
+        raise CliError(f"{path}: no such file or directory")
+    if not os.path.isdir(path):
+        if fmt.segment_index(os.path.basename(path)) is not None:
+            parent = os.path.dirname(path) or "."
+            raise CliError(f"{path} is a segment file; a walj log is the directory that holds "
+                           f"it: try {parent}")
+        raise CliError(f"{path} is a file, not a walj log (a log is a directory of segments)")
+    try:
+        names = os.listdir(path)
+    except PermissionError:
+        raise CliError(f"{path}: permission denied") from None
+    except OSError as exc:
+        raise CliError(f"{path}: cannot read the directory: {exc.strerror or exc}") from None
+    found = sorted(n for n in names if fmt.segment_index(n) is not None)
+    if not found:
+        hint = ""
+        if any(_holds_segments(os.path.join(path, n)) for n in names):
+            hint = f"; it holds session logs: try `walj sweep {path}`"
+        raise CliError(f"{path} is not a walj log (no seg-*.jsonl segment in it){hint}")
+    return found
+
+
+def _holds_segments(path: str) -> bool:
+    try:
+        return os.path.isdir(path) and any(
+            fmt.segment_index(n) is not None for n in os.listdir(path))
+    except OSError:
+        return False
+
+
+def segment_bytes(path: str, names: Iterable[str]) -> int:
+    total = 0
+    for name in names:
+        try:
+            total += os.stat(os.path.join(path, name)).st_size
+        except OSError:
+            pass
+    return total
+
+
+def log_created(path: str, names: Sequence[str]) -> float | None:
+    """When the log began: the `created` time of its first segment's header, if it verifies."""
+    if not names:
+        return None
+    try:
+        header = read_header(DEFAULT_FS, path, names[0])
+    except OSError:
+        return None
+    return header.created if header is not None and header.first_seq == 1 else None
+
+
+def last_writer(path: str) -> dict[str, Any] | None:
+    """The writer that last took the log's lock, from LOCK.owner (read, never locked), and
+    whether that process still runs on this host (None: another host, so unknown)."""
+    try:
+        with open(os.path.join(path, OWNER_NAME), encoding="utf-8") as f:
+            info = json.load(f)
+        pid, host, since = int(info["pid"]), str(info["host"]), str(info["since"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    running: bool | None = None
+    if host == socket.gethostname():
+        try:
+            os.kill(pid, 0)
+            running = True
+        except PermissionError:
+            running = True
+        except (OSError, OverflowError):
+            running = False
+    return {"pid": pid, "host": host, "since": since, "running": running}
+
+
+def os_error(exc: OSError) -> CliError:
+    where = exc.filename if exc.filename else "input"
+    if isinstance(exc, PermissionError):
+        return CliError(f"{where}: permission denied")
+    return CliError(f"{where}: {exc.strerror or exc}")
+
+
+# --- scanning -------------------------------------------------------------------------------
+
+
+class Progress:
+    """A byte counter shown on stderr by tqdm, only when stderr is a terminal and tqdm is
+    installed; otherwise every call does nothing."""
+
+    def __init__(self, total: int, desc: str) -> None:
+        self._bar: Any = None
+        self._pending = 0
+        if not _progress_wanted():
+            return
+        try:
+            from tqdm import tqdm  # type: ignore[import-untyped,unused-ignore]
+        except ImportError:
+            return
+        self._bar = tqdm(total=total, desc=desc, unit="B", unit_scale=True, delay=0.5,
+                         leave=False, file=sys.stderr)
+
+    def add(self, count: int) -> None:
+        if self._bar is not None:
+            self._pending += count
+            if self._pending >= 1 << 20:
+                self._bar.update(self._pending)
+                self._pending = 0
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
+def _progress_wanted() -> bool:
+    try:
+        return sys.stderr.isatty() and not os.environ.get("WALJ_NO_PROGRESS")
+    except (AttributeError, ValueError):
+        return False
+
+
+def scan(path: str, names: Sequence[str], *, start_seq: int = 0,
+         desc: str = "scanning") -> tuple[LogScan, Iterator[tuple[int, bytes]]]:
+    """A read-only LogScan of the log in salvage mode (every record that verifies; problems are
+    kept, never raised) and an iterator over its (seq, data) pairs, which drives a progress bar
+    when one is shown."""
+    log_scan = LogScan(path, mode="salvage", start_seq=start_seq)
+    if not _progress_wanted():
+        return log_scan, iter(log_scan)
+
+    def records() -> Iterator[tuple[int, bytes]]:
+        progress = Progress(segment_bytes(path, names), desc)
+        add = progress.add
+        try:
+            for seq, data in log_scan:
+                add(len(data) + 40)
+                yield seq, data
+        finally:
+            progress.close()
+
+    return log_scan, records()
+
+
+def problem_json(problem: Problem) -> dict[str, Any]:
+    return {"file": problem.file, "offset": problem.offset, "seq": problem.seq,
+            "kind": problem.kind, "detail": problem.detail}
+
+
+def torn_json(torn: TornTail | None) -> dict[str, Any] | None:
+    if torn is None:
+        return None
+    return {"file": torn.file, "offset": torn.offset, "length": torn.length, "kind": torn.kind}
+
+
+# --- output ---------------------------------------------------------------------------------
+
+
+def emit_json(value: Any, out: IO[str] | None = None) -> None:
+    stream = out or sys.stdout
+    stream.write(json.dumps(value, ensure_ascii=False, indent=2, sort_keys=False) + "\n")
+
+
+def clock(t: float | None) -> str:
+    """A Unix time as `YYYY-MM-DD HH:MM:SS` UTC, or '-'."""
+    if t is None:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t))
+
+
+def duration(seconds: float | None) -> str:
+    """A short human duration: 250ms, 4.2s, 3m12s, 5h04m, 2d03h."""
+    if seconds is None:
+        return "-"
+    if seconds < 0:
+        seconds = 0.0
+    if seconds < 1:
+        return f"{seconds * 1000:.0f}ms"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours}h{minutes:02d}m"
+    days, hours = divmod(hours, 24)
+    return f"{days}d{hours:02d}h"
+
+
+def age(t: float | None, now: float) -> float | None:
+    return None if t is None else round(max(0.0, now - t), 3)
+
+
+def short(text: Any, width: int) -> str:
+    """One line of at most `width` characters; a cut ends with '…'."""
+    value = "-" if text is None else str(text)
+    value = " ".join(value.split())
+    if len(value) <= width:
+        return value
+    return value[: max(0, width - 1)] + "…"
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, indent: str = "  ",
+          right: Iterable[int] = ()) -> list[str]:
+    """Rows aligned under their headers; columns in `right` (indices) align right."""
+    cells = [["-" if c is None else str(c) for c in row] for row in rows]
+    widths = [len(h) for h in headers]
+    for row in cells:
+        for i, cell in enumerate(row):
+            widths[i] = max(widths[i], len(cell))
+    right_set = set(right)
+
+    def line(row: Sequence[str]) -> str:
+        parts = [c.rjust(widths[i]) if i in right_set else c.ljust(widths[i])
+                 for i, c in enumerate(row)]
+        return (indent + "  ".join(parts)).rstrip()
+
+    return [line(list(headers))] + [line(row) for row in cells]
+
+
+def write_lines(lines: Iterable[str], out: IO[str] | None = None) -> None:
+    stream = out or sys.stdout
+    for text in lines:
+        stream.write(text + "\n")
+
+
+def plural(count: int, word: str, words: str | None = None) -> str:
+    return f"{count:,} {word if count == 1 else (words or word + 's')}"

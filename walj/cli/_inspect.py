@@ -1,0 +1,289 @@
+"""`walj inspect`: a journal's recovery state (blockers, incomplete turns, pending LLM calls,
+resolutions), or the whole history of one execution."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from .. import _codec
+from .._records import Blocker, Recovery
+from .._recovery import RecoveryState
+from .._scan import LogScan
+from ..errors import CorruptionError, UnsupportedVersionError
+from ._common import (
+    EXIT_OK,
+    EXIT_PROBLEMS,
+    CliError,
+    age,
+    clock,
+    duration,
+    emit_json,
+    last_writer,
+    log_created,
+    plural,
+    problem_json,
+    scan,
+    segment_names,
+    short,
+    table,
+    torn_json,
+    write_lines,
+)
+from ._records import KIND_WIDTH, kind_of, summary
+
+
+def feed(path: str, log_scan: LogScan, records: Iterator[tuple[int, bytes]],
+         state: RecoveryState, also: Any = None) -> None:
+    """Feed every record to the journal's own recovery-state rebuild (and to `also`, a callable
+    taking seq and decoded data, when given). Refusals become one-line errors."""
+    first = next(records, None)
+    if first is None:
+        return
+    if kind_of(first[1]) == "-":
+        raise CliError(f"{path} is a walj log but not a tool journal (record {first[0]} has "
+                       "no journal kind): use dump, stats or verify")
+    seq = first[0]
+    try:
+        if also is None:
+            feed_json = state.feed_json
+            feed_json(*first)
+            for seq, raw in records:
+                feed_json(seq, raw)
+        else:
+            decode, feed_one = _codec.decode, state.feed
+            for seq, raw in itertools.chain((first,), records):
+                data = decode(raw)
+                feed_one(seq, data)
+                also(seq, data)
+    except UnsupportedVersionError as exc:
+        raise CliError(f"{path}: {exc}; refusing to guess (fail closed)",
+                       EXIT_PROBLEMS) from None
+    except (CorruptionError, ValueError) as exc:
+        damaged = ("; the log is damaged before it: see `walj verify`"
+                   if log_scan.problems else "")
+        raise CliError(f"{path}: journal record {seq} cannot be read: {exc}{damaged}",
+                       EXIT_PROBLEMS) from None
+
+
+def blocker_json(b: Blocker, now: float) -> dict[str, Any]:
+    return {
+        "execution_id": b.execution_id, "tool": b.tool, "call_id": b.call_id, "state": b.state,
+        "turn_sequence": b.turn_sequence, "arguments_sha256": b.arguments_sha256,
+        "arguments_preview": b.arguments_preview, "idempotency_key": b.idempotency_key,
+        "started_at": b.started_at, "age_seconds": age(b.started_at, now), "seq": b.seq,
+        "error_type": b.error_type, "reconcile_error": b.reconcile_error,
+        "arguments": b.arguments,
+    }
+
+
+def recovery_json(rec: Recovery, now: float) -> dict[str, Any]:
+    return {
+        "blocked": rec.blocked,
+        "blockers": [blocker_json(b, now) for b in rec.blockers],
+        "incomplete_turns": [
+            {"turn_sequence": t.turn_sequence, "started_at": t.started_at,
+             "age_seconds": age(t.started_at, now), "seq": t.seq, "tool_bearing": t.tool_bearing}
+            for t in rec.incomplete_turns],
+        "pending_llm_calls": [
+            {"llm_call_id": c.llm_call_id, "model": c.model, "turn_sequence": c.turn_sequence,
+             "started_at": c.started_at, "age_seconds": age(c.started_at, now), "seq": c.seq,
+             "request_sha256": c.request_sha256, "request_preview": c.request_preview}
+            for c in rec.pending_llm_calls],
+        "resolutions": [
+            {"kind": r.kind, "execution_id": r.execution_id, "turn_sequence": r.turn_sequence,
+             "tool": r.tool, "outcome": r.outcome, "actor": r.actor, "note": r.note, "at": r.at,
+             "seq": r.seq}
+            for r in rec.resolved],
+    }
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    path: str = args.path
+    names = segment_names(path)
+    if args.execution_id:
+        return _inspect_execution(path, names, args.execution_id, args.json)
+    log_scan, records = scan(path, names, desc="rebuilding")
+    state = RecoveryState()
+    feed(path, log_scan, records, state)
+    rec = state.snapshot()
+    now = time.time()
+    created = log_created(path, names)
+    report: dict[str, Any] = {
+        "schema": "walj.inspect/1",
+        "path": path,
+        "log_id": log_scan.log_id,
+        "now": round(now, 3),
+        "log_started_at": created,
+        "records": log_scan.records,
+        "last_seq": log_scan.last_seq,
+        "log_ok": not log_scan.problems,
+        "problems": [problem_json(p) for p in log_scan.problems],
+        "torn_tail": torn_json(log_scan.torn_tail),
+        "writer": last_writer(path),
+    }
+    report.update(recovery_json(rec, now))
+    code = EXIT_PROBLEMS if rec.blocked or log_scan.problems else EXIT_OK
+    if args.json:
+        emit_json(report)
+        return code
+    write_lines(_inspect_text(path, report, log_scan, rec, now))
+    return code
+
+
+def _inspect_text(path: str, report: dict[str, Any], log_scan: LogScan, rec: Recovery,
+                  now: float) -> list[str]:
+    started = report["log_started_at"]
+    lines = [
+        f"log      {path}",
+        f"         id {log_scan.log_id or '-'}, {plural(log_scan.records, 'record')}, "
+        f"last seq {log_scan.last_seq}",
+        f"started  {clock(started)} UTC ({duration(age(started, now))} ago)",
+    ]
+    if rec.blocked:
+        lines.append(f"state    BLOCKED by {plural(len(rec.blockers), 'blocker')}: dispatch "
+                     "refuses every tool call until each is resolved")
+    else:
+        lines.append("state    not blocked: dispatch runs tools")
+    if log_scan.problems:
+        lines.append(f"WARNING  the log has {plural(len(log_scan.problems), 'problem')}; this "
+                     f"state is rebuilt from the records that verify (`walj verify {path}`)")
+    writer = report["writer"]
+    if writer is not None and writer["running"] and rec.blockers:
+        lines.append(f"note     the last writer (pid {writer['pid']}, since {writer['since']}) "
+                     "still runs: a 'started' execution may be in flight, not interrupted")
+    if log_scan.torn_tail is not None:
+        torn = log_scan.torn_tail
+        lines.append(f"note     torn tail of {torn.length:,} bytes in {torn.file} (a write in "
+                     "progress, or a crash mid-append)")
+    lines += ["", "Blockers" + ("" if rec.blockers else ": none")]
+    if rec.blockers:
+        rows = [(b.execution_id or "-", b.tool, b.call_id, b.state, b.turn_sequence,
+                 clock(b.started_at), duration(age(b.started_at, now)))
+                for b in rec.blockers]
+        rendered = table(("EXECUTION", "TOOL", "CALL", "STATE", "TURN", "STARTED (UTC)", "AGE"),
+                         rows, right=(4,))
+        lines.append(rendered[0])
+        for b, row in zip(rec.blockers, rendered[1:], strict=True):
+            lines.append(row)
+            if b.arguments_sha256:
+                lines.append(f"      fingerprint  sha256:{b.arguments_sha256}")
+            if b.arguments_preview is not None:
+                lines.append(f"      arguments    {short(b.arguments_preview, 200)}")
+            if b.idempotency_key:
+                lines.append(f"      idem. key    {b.idempotency_key}")
+            if b.error_type:
+                lines.append(f"      interrupted  by {b.error_type}")
+            if b.reconcile_error:
+                lines.append(f"      reconcile    failed: {short(b.reconcile_error, 160)}")
+    lines += ["", "Incomplete turns" + ("" if rec.incomplete_turns else ": none")]
+    if rec.incomplete_turns:
+        blocking = {b.turn_sequence for b in rec.blockers if b.state == "interrupted_turn"}
+        rows2 = [(t.turn_sequence, clock(t.started_at), duration(age(t.started_at, now)),
+                  "yes" if t.tool_bearing else "no", _turn_effect(t.turn_sequence, t.tool_bearing,
+                                                                  blocking))
+                 for t in rec.incomplete_turns]
+        lines += table(("TURN", "STARTED (UTC)", "AGE", "USED TOOLS", "EFFECT"), rows2,
+                       right=(0,))
+    lines += ["", "Pending LLM calls" + ("" if rec.pending_llm_calls else ": none")]
+    if rec.pending_llm_calls:
+        rows3 = [(c.llm_call_id, c.model, c.turn_sequence, clock(c.started_at),
+                  duration(age(c.started_at, now)), short(c.request_preview, 50))
+                 for c in rec.pending_llm_calls]
+        lines += table(("LLM CALL", "MODEL", "TURN", "STARTED (UTC)", "AGE", "REQUEST"), rows3,
+                       right=(2,))
+    lines += ["", "Resolutions" + ("" if rec.resolved else ": none")]
+    if rec.resolved:
+        rows4 = [(r.execution_id or f"turn {r.turn_sequence}", r.tool, r.outcome, r.actor,
+                  clock(r.at), short(r.note, 60)) for r in rec.resolved]
+        lines += table(("SETTLED", "TOOL", "OUTCOME", "ACTOR", "AT (UTC)", "NOTE"), rows4)
+    if rec.blocked:
+        lines += ["", "Settle each blocker on the record, once you know what happened:",
+                  f"  walj resolve {path} EXECUTION --outcome succeeded|failed|not_performed "
+                  "--note TEXT --actor NAME",
+                  f"  walj resolve {path} --turn N --note TEXT --actor NAME"]
+    return lines
+
+
+def _turn_effect(sequence: int, tool_bearing: bool, blocking: set[int | None]) -> str:
+    if sequence in blocking:
+        return "blocks: resolve the turn"
+    if tool_bearing:
+        return "settled with its interrupted execution"
+    return "none (used no tools)"
+
+
+# --- one execution --------------------------------------------------------------------------
+
+
+def _inspect_execution(path: str, names: list[str], wanted: str, as_json: bool) -> int:
+    """Every record of one execution (its id, or a unique prefix of at least 6 characters)."""
+    if len(wanted) < 6:
+        raise CliError("give the execution id, or a unique prefix of at least 6 characters")
+    log_scan, records = scan(path, names, desc="searching")
+    state = RecoveryState()
+    found: list[tuple[int, dict[str, Any]]] = []
+    ids: set[str] = set()
+
+    def collect(seq: int, data: Any) -> None:
+        eid = data.get("id") if isinstance(data, dict) else None
+        if isinstance(eid, str) and eid.startswith(wanted):
+            ids.add(eid)
+            found.append((seq, data))
+
+    feed(path, log_scan, records, state, collect)
+    if not ids:
+        raise CliError(f"unknown execution id {wanted!r} in {path}")
+    if len(ids) > 1:
+        raise CliError(f"{wanted!r} is a prefix of {len(ids)} execution ids: give more of it")
+    (execution_id,) = ids
+    now = time.time()
+    blocker = next((b for b in state.snapshot().blockers if b.execution_id == execution_id),
+                   None)
+    started = next((d for _, d in found if d.get("k") == "tool_execution_started"), None)
+    first = found[0][1]
+    terminal = next((d for _, d in found if d.get("k") in (
+        "tool_execution_finished", "tool_execution_resolved", "tool_execution_blocked",
+        "llm_call_finished", "llm_call_resolved")), None)
+    if blocker is not None:
+        status = f"blocker ({blocker.state})"
+    elif terminal is None:
+        status = "pending" if first.get("k") == "llm_call_started" else "open"
+    elif terminal.get("k") == "tool_execution_blocked":
+        status = "refused (dispatch was blocked; nothing ran)"
+    elif terminal.get("k") in ("tool_execution_resolved", "llm_call_resolved"):
+        status = f"resolved: {terminal.get('o')} by {terminal.get('actor')}"
+    else:
+        status = f"finished: {terminal.get('o')}"
+    report = {
+        "schema": "walj.execution/1",
+        "path": path,
+        "execution_id": execution_id,
+        "kind": "llm_call" if str(first.get("k", "")).startswith("llm_") else "tool_execution",
+        "tool": first.get("tool"),
+        "call_id": first.get("call"),
+        "turn_sequence": first.get("turn"),
+        "status": status,
+        "blocker": None if blocker is None else blocker_json(blocker, now),
+        "records": [{"seq": seq, "data": data} for seq, data in found],
+    }
+    code = EXIT_PROBLEMS if blocker is not None or log_scan.problems else EXIT_OK
+    if as_json:
+        emit_json(report)
+        return code
+    lines = [f"execution  {execution_id}",
+             f"tool       {report['tool'] or '-'} (call {report['call_id'] or '-'}, turn "
+             f"{report['turn_sequence'] if report['turn_sequence'] is not None else '-'})",
+             f"status     {status}"]
+    if started is not None:
+        lines.append(f"arguments  sha256:{started.get('sha')}  {short(started.get('ap'), 160)}")
+        lines.append(f"idem. key  {started.get('ik')}")
+    lines += ["", "Records"]
+    rows = [(seq, clock(d.get("t") if isinstance(d.get("t"), (int, float)) else None),
+             short(d.get("k"), KIND_WIDTH), short(summary(d), 100)) for seq, d in found]
+    lines += table(("SEQ", "TIME (UTC)", "KIND", "SUMMARY"), rows, right=(0,))
+    write_lines(lines)
+    return code

@@ -1,0 +1,257 @@
+"""`walj verify` and `walj stats`: the log's integrity, and what it holds in numbers."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import _codec
+from .. import _format as fmt
+from .._quarantine import MANIFEST, QUARANTINE_DIR
+from ._common import (
+    EXIT_OK,
+    EXIT_PROBLEMS,
+    clock,
+    duration,
+    emit_json,
+    log_created,
+    plural,
+    problem_json,
+    scan,
+    segment_bytes,
+    segment_names,
+    short,
+    table,
+    torn_json,
+    write_lines,
+)
+
+# --- verify ---------------------------------------------------------------------------------
+
+
+def quarantine_entries(path: str) -> list[dict[str, Any]]:
+    """The lines of quarantine/MANIFEST.jsonl (what was cut off this log, and when)."""
+    manifest = os.path.join(path, QUARANTINE_DIR, MANIFEST)
+    entries: list[dict[str, Any]] = []
+    try:
+        with open(manifest, "rb") as f:
+            for line in f:
+                try:
+                    entry = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(entry, dict):
+                    entries.append({k: entry.get(k) for k in
+                                    ("file", "segment", "offset", "length", "kind", "time")})
+    except OSError:
+        pass
+    return entries
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    path: str = args.path
+    names = segment_names(path)
+    log_scan, records = scan(path, names, desc="verifying")
+    for _ in records:
+        pass
+    torn = log_scan.torn_tail
+    ok = not log_scan.problems and not (args.strict and torn is not None)
+    report: dict[str, Any] = {
+        "schema": "walj.verify/1",
+        "path": path,
+        "ok": ok,
+        "log_id": log_scan.log_id,
+        "format_version": fmt.FORMAT_VERSION,
+        "records": log_scan.records,
+        "last_seq": log_scan.last_seq,
+        "segments": list(log_scan.segments),
+        "bytes": segment_bytes(path, names),
+        "torn_tail": torn_json(torn),
+        "problems": [problem_json(p) for p in log_scan.problems],
+        "quarantine": quarantine_entries(path),
+    }
+    if args.json:
+        emit_json(report)
+        return EXIT_OK if ok else EXIT_PROBLEMS
+    first = 1 if log_scan.records else 0
+    state = "ok" if ok else "PROBLEMS FOUND"
+    lines = [
+        f"{path}: {state}",
+        f"  {plural(log_scan.records, 'record')} (seq {first}-{log_scan.last_seq}) in "
+        f"{plural(len(log_scan.segments), 'segment')}, {report['bytes']:,} bytes; "
+        f"log id {log_scan.log_id or '-'}",
+        "  checked: line checksums (XXH64), seq continuity, segment headers and format "
+        f"version {fmt.FORMAT_VERSION}, seals and the seal chain",
+    ]
+    if torn is not None:
+        lines.append(f"  torn tail: {torn.file} at byte {torn.offset:,}, {torn.length:,} bytes "
+                     f"({torn.kind}): a write in progress or a crash mid-append; the next "
+                     "writer moves it to quarantine/" + (" [--strict: a problem]"
+                                                         if args.strict else ""))
+    if report["quarantine"]:
+        lines.append(f"  quarantine: {plural(len(report['quarantine']), 'earlier cut')} kept in "
+                     f"{QUARANTINE_DIR}/")
+    if log_scan.problems:
+        lines.append("")
+        lines.append(f"{plural(len(log_scan.problems), 'problem')}:")
+        rows = [(p.file, f"{p.offset:,}", p.seq, p.kind, short(p.detail, 70))
+                for p in log_scan.problems]
+        lines += table(("FILE", "OFFSET", "SEQ", "KIND", "DETAIL"), rows, right=(1, 2))
+        lines.append("")
+        lines.append(f"`walj repair {path}` cuts the damaged suffix into quarantine/ "
+                     "(see --dry-run first).")
+    write_lines(lines)
+    return EXIT_OK if ok else EXIT_PROBLEMS
+
+
+# --- stats ----------------------------------------------------------------------------------
+
+
+@dataclass
+class ToolStats:
+    calls: int = 0
+    outcomes: dict[str, int] = field(default_factory=dict)
+    interrupted: int = 0
+    refused: int = 0
+    durations: list[float] = field(default_factory=list)
+
+    @property
+    def finished(self) -> int:
+        return sum(self.outcomes.values())
+
+    def error_rate(self) -> float | None:
+        return round(self.outcomes.get("error", 0) / self.finished, 4) if self.finished else None
+
+
+def percentile(values: list[float], fraction: float) -> float | None:
+    """Nearest-rank percentile of already sorted values."""
+    if not values:
+        return None
+    rank = max(1, math.ceil(fraction * len(values)))
+    return values[rank - 1]
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    path: str = args.path
+    names = segment_names(path)
+    log_scan, records = scan(path, names, desc="counting")
+    kinds: dict[str, int] = {}
+    tools: dict[str, ToolStats] = {}
+    open_calls: dict[str, tuple[str, float | None]] = {}  # execution id -> (tool, started at)
+    first_t: float | None = None
+    last_t: float | None = None
+    first_seq: int | None = None
+    for seq, raw in records:
+        if first_seq is None:
+            first_seq = seq
+        try:
+            data = _codec.decode(raw)
+        except ValueError:
+            data = None
+        if not isinstance(data, dict):
+            kinds["-"] = kinds.get("-", 0) + 1
+            continue
+        kind = data.get("k")
+        kind = kind if isinstance(kind, str) else "-"
+        kinds[kind] = kinds.get(kind, 0) + 1
+        t = _number(data.get("t"))
+        if t is not None:
+            first_t = t if first_t is None else min(first_t, t)
+            last_t = t if last_t is None else max(last_t, t)
+        _count_tool_record(kind, data, t, tools, open_calls)
+    for tool, _ in open_calls.values():
+        tools[tool].interrupted += 1
+    if first_t is None:
+        first_t = log_created(path, names)
+    span = None if first_t is None or last_t is None else round(last_t - first_t, 3)
+    tool_rows: list[dict[str, Any]] = []
+    for name in sorted(tools):
+        st = tools[name]
+        st.durations.sort()
+        p50, p99 = percentile(st.durations, 0.5), percentile(st.durations, 0.99)
+        tool_rows.append({
+            "tool": name, "calls": st.calls, "ok": st.outcomes.get("ok", 0),
+            "error": st.outcomes.get("error", 0), "cancelled": st.outcomes.get("cancelled", 0),
+            "blocked": st.outcomes.get("blocked", 0), "interrupted": st.interrupted,
+            "refused": st.refused, "error_rate": st.error_rate(),
+            "p50_seconds": None if p50 is None else round(p50, 3),
+            "p99_seconds": None if p99 is None else round(p99, 3),
+        })
+    report: dict[str, Any] = {
+        "schema": "walj.stats/1",
+        "path": path,
+        "log_id": log_scan.log_id,
+        "segments": len(log_scan.segments),
+        "bytes": segment_bytes(path, names),
+        "records": log_scan.records,
+        "first_seq": first_seq,
+        "last_seq": log_scan.last_seq,
+        "problems": len(log_scan.problems),
+        "time_span": {"first": first_t, "last": last_t, "seconds": span},
+        "kinds": dict(sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0]))),
+        "tools": tool_rows,
+    }
+    code = EXIT_PROBLEMS if log_scan.problems else EXIT_OK
+    if args.json:
+        emit_json(report)
+        return code
+    lines = [
+        f"{path}",
+        f"  {plural(report['segments'], 'segment')}, {report['bytes']:,} bytes, "
+        f"{plural(log_scan.records, 'record')} (seq {first_seq or 0}-{log_scan.last_seq})",
+        f"  from {clock(first_t)} to {clock(last_t)} UTC ({duration(span)})",
+    ]
+    if log_scan.problems:
+        lines.append(f"  {plural(len(log_scan.problems), 'problem')}: run `walj verify {path}`")
+    lines += ["", "Records by kind"]
+    lines += table(("KIND", "RECORDS"), sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])),
+                   right=(1,))
+    if tool_rows:
+        lines += ["", "Tools"]
+        rows = [(r["tool"], r["calls"], r["ok"], r["error"], r["cancelled"], r["blocked"],
+                 r["interrupted"], r["refused"],
+                 "-" if r["error_rate"] is None else f"{r['error_rate']:.1%}",
+                 duration(r["p50_seconds"]), duration(r["p99_seconds"])) for r in tool_rows]
+        lines += table(("TOOL", "CALLS", "OK", "ERROR", "CANCELLED", "BLOCKED", "INTERRUPTED",
+                        "REFUSED", "ERROR RATE", "P50", "P99"), rows,
+                       right=range(1, 11))
+    write_lines(lines)
+    return code
+
+
+def _count_tool_record(kind: str, data: dict[str, Any], t: float | None,
+                       tools: dict[str, ToolStats],
+                       open_calls: dict[str, tuple[str, float | None]]) -> None:
+    execution_id = data.get("id")
+    if not isinstance(execution_id, str):
+        return
+    if kind == "tool_execution_started":
+        tool = short(data.get("tool"), 200)
+        tools.setdefault(tool, ToolStats()).calls += 1
+        open_calls[execution_id] = (tool, t)
+    elif kind == "tool_execution_finished":
+        entry = open_calls.pop(execution_id, None)
+        if entry is None:
+            return
+        st = tools[entry[0]]
+        outcome = str(data.get("o"))
+        st.outcomes[outcome] = st.outcomes.get(outcome, 0) + 1
+        if t is not None and entry[1] is not None:
+            st.durations.append(max(0.0, t - entry[1]))
+    elif kind == "tool_execution_resolved":
+        entry = open_calls.pop(execution_id, None)
+        if entry is not None:
+            tools[entry[0]].interrupted += 1
+    elif kind == "tool_execution_blocked":
+        tool = short(data.get("tool"), 200)
+        tools.setdefault(tool, ToolStats()).refused += 1

@@ -1,0 +1,206 @@
+"""The argument parser and `main`: one subcommand per concern, errors as one line, exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+
+from ..errors import WaljError
+from ._common import EXIT_INTERRUPTED, EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, CliError, os_error
+
+READ_COMMANDS = ("verify", "inspect", "dump", "tail", "timeline", "stats", "sweep")
+WRITE_COMMANDS = ("resolve", "repair", "demo")
+
+EPILOG = """\
+exit codes: 0 clean or done; 1 problems found (damage, a blocked journal, a refused write);
+2 usage error or unreadable input; 130 interrupted (Ctrl-C; `tail -f` exits 0 instead).
+Read commands take no lock and never write: they work on a copied log, a read-only file
+system, and beside a live writer. See docs/CLI.md for every --json schema."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise CliError(f"{message} (see `{self.prog} --help`)")
+
+
+def _json_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print the documented JSON schema")
+
+
+def _kinds(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kind", action="append", metavar="K",
+                   help="only records of this kind (`k`), e.g. tool_execution_started; repeat")
+
+
+def _engines() -> str:
+    """Which checksum and JSON implementations this process uses: C or the stdlib fallback."""
+    from .. import _codec
+
+    try:  # the log's framing code makes the same choice
+        import xxhash  # type: ignore[import-not-found,unused-ignore]  # noqa: F401
+
+        pure = False
+    except ImportError:
+        pure = True
+    return (f"checksums: {'pure-Python XXH64' if pure else 'xxhash'}; "
+            f"JSON: {'msgspec' if _codec.HAVE_MSGSPEC else 'json (stdlib)'}")
+
+
+def build_parser(prog: str = "walj") -> argparse.ArgumentParser:
+    from .. import __version__
+
+    parser = _Parser(prog=prog, description="Forensic and recovery tools for walj logs and tool "
+                     "journals.", epilog=EPILOG,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version",
+                        version=f"%(prog)s {__version__} ({_engines()})")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    p = sub.add_parser("verify", help="check checksums, seqs, headers, seals and the seal chain")
+    p.add_argument("path", metavar="PATH")
+    p.add_argument("--strict", action="store_true", help="count a torn tail as a problem")
+    _json_flag(p)
+
+    p = sub.add_parser("inspect", help="the recovery state: blockers, incomplete turns, "
+                       "pending LLM calls, resolutions (or one execution's history)")
+    p.add_argument("path", metavar="PATH")
+    p.add_argument("execution_id", metavar="EXECUTION_ID", nargs="?",
+                   help="show every record of this execution (id or unique prefix)")
+    _json_flag(p)
+
+    p = sub.add_parser("dump", help="records in order")
+    p.add_argument("path", metavar="PATH")
+    p.add_argument("--from-seq", type=int, default=0, metavar="N")
+    p.add_argument("--to-seq", type=int, default=None, metavar="N")
+    _kinds(p)
+    p.add_argument("--json", action="store_true", help="JSON Lines: {\"seq\", \"data\"} per line")
+
+    p = sub.add_parser("tail", help="the last records; -f follows new ones across rotation")
+    p.add_argument("path", metavar="PATH")
+    p.add_argument("-f", "--follow", action="store_true", help="follow until Ctrl-C")
+    p.add_argument("-n", "--lines", type=int, default=10, metavar="N",
+                   help="how many of the last records to show first (default 10)")
+    p.add_argument("--from-seq", type=int, default=None, metavar="N",
+                   help="show from this seq instead of the last N")
+    p.add_argument("--interval", type=float, default=0.2, metavar="SECONDS",
+                   help="polling interval when following (default 0.2)")
+    _kinds(p)
+    p.add_argument("--json", action="store_true", help="JSON Lines: {\"seq\", \"data\"} per line")
+
+    p = sub.add_parser("timeline", help="turns as a tree of executions, outcomes, durations")
+    p.add_argument("path", metavar="PATH")
+    p.add_argument("--last", type=int, default=None, metavar="N", help="only the last N turns")
+    _json_flag(p)
+
+    p = sub.add_parser("stats", help="segments, bytes, records by kind, per-tool numbers")
+    p.add_argument("path", metavar="PATH")
+    _json_flag(p)
+
+    p = sub.add_parser("sweep", help="every session log under ROOT: clean, blocked or corrupt")
+    p.add_argument("root", metavar="ROOT")
+    p.add_argument("--jobs", "-j", type=int, default=None, metavar="N",
+                   help="worker processes (default: CPU count, at most 8; 1: none)")
+    p.add_argument("--all", action="store_true", help="list clean logs too")
+    _json_flag(p)
+
+    p = sub.add_parser("resolve", help="settle a blocker durably, under the writer lock")
+    p.add_argument("path", metavar="PATH")
+    p.add_argument("execution_id", metavar="EXECUTION_ID", nargs="?")
+    p.add_argument("--turn", type=int, default=None, metavar="N",
+                   help="settle interrupted turn N instead of an execution")
+    p.add_argument("--outcome", choices=("succeeded", "failed", "not_performed"))
+    p.add_argument("--note", required=True, metavar="TEXT", help="why: what you checked")
+    p.add_argument("--actor", required=True, metavar="NAME", help="who settles it")
+    _json_flag(p)
+
+    p = sub.add_parser("repair", help="cut a torn tail or damaged suffix into quarantine/")
+    p.add_argument("path", metavar="PATH")
+    p.add_argument("--dry-run", action="store_true", help="show the cut, change nothing")
+    _json_flag(p)
+
+    p = sub.add_parser("demo", help="crash an agent mid-tool, then inspect, resolve, resume")
+    p.add_argument("dir", metavar="DIR", nargs="?", help="where to leave it (default: new "
+                   "temporary directory)")
+    return parser
+
+
+def _command(name: str) -> Callable[[argparse.Namespace], int]:
+    if name == "verify" or name == "stats":
+        from . import _logcmds
+
+        return _logcmds.cmd_verify if name == "verify" else _logcmds.cmd_stats
+    if name in ("dump", "tail"):
+        from . import _records
+
+        return _records.cmd_dump if name == "dump" else _records.cmd_tail
+    if name == "inspect":
+        from ._inspect import cmd_inspect
+
+        return cmd_inspect
+    if name == "timeline":
+        from ._timeline import cmd_timeline
+
+        return cmd_timeline
+    if name == "sweep":
+        from ._sweep import cmd_sweep
+
+        return cmd_sweep
+    if name in ("resolve", "repair"):
+        from . import _write
+
+        return _write.cmd_resolve if name == "resolve" else _write.cmd_repair
+    from ._demo import cmd_demo
+
+    return cmd_demo
+
+
+def main(argv: Sequence[str] | None = None, *, forensic: bool = False) -> int:
+    """Run one `walj` command; returns its exit code. `forensic=True` is the read-only
+    zipapp: the commands that write refuse."""
+    prog = "walj-forensic.pyz" if forensic else "walj"
+    try:
+        args = build_parser(prog).parse_args(list(sys.argv[1:] if argv is None else argv))
+        if args.command is None:
+            build_parser(prog).print_help()
+            return EXIT_USAGE
+        if forensic and args.command in WRITE_COMMANDS:
+            raise CliError(f"`{args.command}` writes, and this tool is read-only: use the walj "
+                           f"package for it (pip install walj); here: {', '.join(READ_COMMANDS)}")
+        return _command(args.command)(args)
+    except CliError as exc:
+        _error(prog, str(exc))
+        return exc.code
+    except SystemExit as exc:  # --help and --version
+        return exc.code if isinstance(exc.code, int) else EXIT_OK
+    except KeyboardInterrupt:
+        _error(prog, "interrupted")
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        _quiet_stdout()
+        return EXIT_OK
+    except OSError as exc:
+        _error(prog, str(os_error(exc)))
+        return EXIT_USAGE
+    except WaljError as exc:
+        _error(prog, " ".join(str(exc).split()))
+        return EXIT_PROBLEMS
+
+
+def _error(prog: str, message: str) -> None:
+    try:
+        sys.stdout.flush()
+    except (BrokenPipeError, ValueError):
+        _quiet_stdout()
+    sys.stderr.write(f"{prog}: error: {message}\n")
+
+
+def _quiet_stdout() -> None:
+    """After a closed pipe (`walj dump ... | head`), send the rest to /dev/null so that the
+    interpreter's final flush does not print a traceback."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass

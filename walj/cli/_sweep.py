@@ -1,0 +1,184 @@
+"""`walj sweep ROOT`: find every session log under a directory and sort them into clean,
+blocked, corrupt, unsupported or unreadable, in parallel."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from typing import Any
+
+from .. import _format as fmt
+from .._recovery import RecoveryState
+from .._scan import LogScan
+from ..errors import CorruptionError, UnsupportedVersionError
+from ._common import (
+    EXIT_OK,
+    EXIT_PROBLEMS,
+    CliError,
+    emit_json,
+    plural,
+    problem_json,
+    short,
+    table,
+    write_lines,
+)
+from ._records import kind_of
+
+STATUSES = ("clean", "blocked", "corrupt", "unsupported", "unreadable")
+
+
+def find_logs(root: str) -> tuple[list[str], list[dict[str, Any]]]:
+    """Directories under `root` (itself included) holding segments; a log's own subdirectories
+    (quarantine/) are not searched. Also the directories that could not be listed."""
+    if not os.path.lexists(root):
+        raise CliError(f"{root}: no such file or directory")
+    if not os.path.isdir(root):
+        raise CliError(f"{root} is a file; sweep takes a directory holding session logs")
+    logs: list[str] = []
+    unreadable: list[dict[str, Any]] = []
+
+    def failed(exc: OSError) -> None:
+        where = exc.filename or root
+        if os.path.abspath(where) == os.path.abspath(root):
+            reason = "permission denied" if isinstance(exc, PermissionError) else exc.strerror
+            raise CliError(f"{root}: {reason}")
+        unreadable.append(_entry(where, "unreadable", detail=f"cannot list: {exc.strerror}"))
+
+    for dirpath, dirnames, filenames in os.walk(root, onerror=failed):
+        if any(fmt.segment_index(name) is not None for name in filenames):
+            logs.append(dirpath)
+            dirnames[:] = []
+        else:
+            dirnames.sort()
+    return sorted(logs), unreadable
+
+
+def _entry(path: str, status: str, **fields: Any) -> dict[str, Any]:
+    entry: dict[str, Any] = {"path": path, "status": status, "records": 0, "last_seq": 0,
+                             "blocked": False, "blockers": [], "problem_count": 0,
+                             "problems": [], "torn_tail": False, "detail": None}
+    entry.update(fields)
+    return entry
+
+
+def check_log(path: str) -> dict[str, Any]:
+    """Verify one log and rebuild its recovery state with the journal's own code. Never raises:
+    whatever goes wrong is the log's status. Runs in a worker process."""
+    log_scan = LogScan(path, mode="salvage")
+    state = RecoveryState()
+    feeding = True
+    journal_error: tuple[str, str] | None = None  # (status, detail)
+    plain = False
+    try:
+        for seq, raw in log_scan:
+            if not feeding:
+                continue
+            if state.records == 0 and kind_of(raw) == "-":
+                feeding, plain = False, True
+                continue
+            try:
+                state.feed_json(seq, raw)
+            except UnsupportedVersionError as exc:
+                feeding, journal_error = False, ("unsupported", short(exc, 200))
+            except (CorruptionError, ValueError) as exc:
+                feeding, journal_error = False, ("corrupt", short(f"journal: {exc}", 200))
+    except OSError as exc:
+        reason = "permission denied" if isinstance(exc, PermissionError) else exc.strerror
+        return _entry(path, "unreadable", detail=f"{exc.filename or path}: {reason}")
+    problems = log_scan.problems
+    rec = state.snapshot()
+    blockers = [{"execution_id": b.execution_id, "tool": b.tool, "call_id": b.call_id,
+                 "state": b.state, "turn_sequence": b.turn_sequence} for b in rec.blockers]
+    detail = short(problems[0].describe(), 200) if problems else None
+    if any(p.kind == "unsupported_version" for p in problems):
+        status = "unsupported"
+    elif problems:
+        status = "corrupt"
+    elif journal_error is not None:
+        status, detail = journal_error
+    elif rec.blocked:
+        status = "blocked"
+        detail = "; ".join(f"{b['tool'] or 'turn ' + str(b['turn_sequence'])} {b['state']}"
+                           for b in blockers[:3])
+    else:
+        status = "clean"
+        detail = "a plain walj log, not a tool journal" if plain else None
+    return _entry(path, status, records=log_scan.records, last_seq=log_scan.last_seq,
+                  blocked=rec.blocked, blockers=blockers, problem_count=len(problems),
+                  problems=[problem_json(p) for p in problems[:5]],
+                  torn_tail=log_scan.torn_tail is not None, detail=detail)
+
+
+def _executor(jobs: int) -> Executor | None:
+    if jobs <= 1:
+        return None
+    try:
+        return ProcessPoolExecutor(max_workers=jobs)
+    except (OSError, NotImplementedError, ImportError):  # no working multiprocessing here
+        return ThreadPoolExecutor(max_workers=jobs)
+
+
+def run_checks(logs: list[str], jobs: int,
+               progress: Callable[[Iterable[dict[str, Any]]], Iterator[dict[str, Any]]]
+               ) -> list[dict[str, Any]]:
+    executor = _executor(min(jobs, len(logs)))
+    if executor is None:
+        return list(progress(check_log(path) for path in logs))
+    with executor:
+        chunk = max(1, len(logs) // (jobs * 8))
+        return list(progress(executor.map(check_log, logs, chunksize=chunk)))
+
+
+def _progress(total: int) -> Callable[[Iterable[dict[str, Any]]], Iterator[dict[str, Any]]]:
+    def passthrough(items: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        yield from items
+
+    try:
+        if not sys.stderr.isatty() or os.environ.get("WALJ_NO_PROGRESS"):
+            return passthrough
+        from tqdm import tqdm  # type: ignore[import-untyped,unused-ignore]
+    except (ImportError, AttributeError, ValueError):
+        return passthrough
+
+    def bar(items: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        yield from tqdm(items, total=total, desc="sweeping", unit="log", delay=0.5,
+                        leave=False, file=sys.stderr)
+
+    return bar
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    root: str = args.root
+    jobs = args.jobs if args.jobs is not None else min(8, os.cpu_count() or 1)
+    if jobs < 1:
+        raise CliError("--jobs must be at least 1")
+    logs, unreadable = find_logs(root)
+    if not logs and not unreadable:
+        raise CliError(f"{root} holds no walj log (no directory with seg-*.jsonl segments)")
+    results = run_checks(logs, jobs, _progress(len(logs))) + unreadable
+    results.sort(key=lambda e: e["path"])
+    counts = {status: 0 for status in STATUSES}
+    for entry in results:
+        counts[entry["status"]] += 1
+    code = EXIT_OK if counts["clean"] == len(results) else EXIT_PROBLEMS
+    if args.json:
+        emit_json({"schema": "walj.sweep/1", "root": root, "logs": len(results),
+                   "counts": counts, "sessions": results})
+        return code
+    shown = results if args.all else [e for e in results if e["status"] != "clean"]
+    summary = ", ".join(f"{counts[s]} {s}" for s in STATUSES if counts[s] or s == "clean")
+    lines = [f"{root}: {plural(len(results), 'log')}: {summary}"]
+    if shown:
+        rows = [(os.path.relpath(e["path"], root), e["status"].upper() if e["status"] != "clean"
+                 else "clean", e["records"], len(e["blockers"]), e["problem_count"],
+                 short(e["detail"], 80)) for e in shown]
+        lines += [""] + table(("LOG", "STATUS", "RECORDS", "BLOCKERS", "PROBLEMS", "DETAIL"),
+                              rows, right=(2, 3, 4))
+    if code != EXIT_OK:
+        lines += ["", "Next: `walj inspect LOG` for a blocked log, `walj verify LOG` for a "
+                  "corrupt one."]
+    write_lines(lines)
+    return code

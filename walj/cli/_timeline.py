@@ -1,0 +1,266 @@
+"""`walj timeline`: turns as a tree of their tool executions and LLM calls, with outcome and
+duration; ambiguous executions, blockers and refused (blocked) dispatches are marked."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._recovery import RecoveryState
+from ._common import (
+    EXIT_OK,
+    EXIT_PROBLEMS,
+    CliError,
+    clock,
+    duration,
+    emit_json,
+    scan,
+    segment_names,
+    short,
+    write_lines,
+)
+from ._inspect import feed
+
+
+def _t(data: dict[str, Any]) -> float | None:
+    t = data.get("t")
+    return float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else None
+
+
+def _span(start: float | None, end: float | None) -> float | None:
+    return None if start is None or end is None else round(max(0.0, end - start), 3)
+
+
+@dataclass
+class Execution:
+    execution_id: str
+    tool: Any
+    call_id: Any
+    started_at: float | None
+    seq: int
+    finished_at: float | None = None
+    outcome: str | None = None
+    error: Any = None
+    ambiguous: bool = False
+    error_type: Any = None
+    resolution: dict[str, Any] | None = None
+    blocker: bool = False
+
+    def label(self) -> str:
+        if self.outcome is not None:
+            return self.outcome
+        if self.resolution is not None:
+            return f"resolved {self.resolution['outcome']}"
+        return "ambiguous" if self.ambiguous else "started, no outcome"
+
+    def as_json(self) -> dict[str, Any]:
+        return {"execution_id": self.execution_id, "tool": self.tool, "call_id": self.call_id,
+                "seq": self.seq, "started_at": self.started_at, "finished_at": self.finished_at,
+                "duration_seconds": _span(self.started_at, self.finished_at),
+                "outcome": self.label(), "error": self.error,
+                "ambiguous": self.outcome is None, "error_type": self.error_type,
+                "blocker": self.blocker, "resolution": self.resolution}
+
+
+@dataclass
+class TurnNode:
+    sequence: int | None
+    started_at: float | None
+    completed_at: float | None = None
+    completed: bool = False
+    resolution: dict[str, Any] | None = None
+    blocker: bool = False
+    items: list[Any] = field(default_factory=list)  # Execution, refused dict or LLM-call dict
+
+    def state(self) -> str:
+        if self.sequence is None:
+            return "outside turns"
+        if self.completed:
+            return "completed"
+        return "resolved" if self.resolution is not None else "incomplete"
+
+
+class Builder:
+    """Builds the tree from decoded records in log order. Completions pair with starts LIFO, as
+    the journal's recovery does."""
+
+    def __init__(self) -> None:
+        self.turns: dict[int | None, TurnNode] = {}
+        self.order: list[int | None] = []
+        self.stack: list[int] = []
+        self.executions: dict[str, Execution] = {}
+        self.llm: dict[str, dict[str, Any]] = {}
+
+    def turn(self, sequence: Any, t: float | None = None) -> TurnNode:
+        key = sequence if type(sequence) is int else None
+        node = self.turns.get(key)
+        if node is None:
+            node = self.turns[key] = TurnNode(key, t)
+            self.order.append(key)
+        return node
+
+    def __call__(self, seq: int, data: Any) -> None:
+        if not isinstance(data, dict):
+            return
+        kind, t, eid = data.get("k"), _t(data), data.get("id")
+        if kind == "turn_started":
+            self.turn(data.get("turn"), t)
+            if type(data.get("turn")) is int:
+                self.stack.append(data["turn"])
+        elif kind == "turn_completed":
+            if self.stack:
+                node = self.turns[self.stack.pop()]
+                node.completed, node.completed_at = True, t
+        elif kind == "turn_resolved":
+            self.turn(data.get("turn")).resolution = _resolution(data, t)
+        elif kind == "tool_execution_started" and isinstance(eid, str):
+            ex = Execution(eid, data.get("tool"), data.get("call"), t, seq)
+            self.executions[eid] = ex
+            self.turn(data.get("turn")).items.append(ex)
+        elif kind == "tool_execution_blocked":
+            self.turn(data.get("turn")).items.append({
+                "refused": True, "execution_id": eid, "seq": seq, "tool": data.get("tool"),
+                "call_id": data.get("call"), "at": t, "blocked_by": data.get("by") or [],
+                "blocked_by_turns": data.get("bt") or []})
+        elif kind in ("llm_call_started",) and isinstance(eid, str):
+            call = {"llm_call_id": eid, "seq": seq, "model": data.get("model"), "started_at": t,
+                    "finished_at": None, "duration_seconds": None, "outcome": None,
+                    "pending": True}
+            self.llm[eid] = call
+            self.turn(data.get("turn")).items.append(call)
+        elif isinstance(eid, str):
+            self._settle(kind, eid, data, t)
+
+    def _settle(self, kind: Any, eid: str, data: dict[str, Any], t: float | None) -> None:
+        ex = self.executions.get(eid)
+        if ex is not None:
+            if kind == "tool_execution_finished" and ex.outcome is None and ex.resolution is None:
+                ex.outcome, ex.finished_at = str(data.get("o")), t
+                ex.error = data.get("err")
+            elif kind == "tool_execution_ambiguous":
+                ex.ambiguous, ex.error_type = True, data.get("et")
+            elif kind == "tool_execution_resolved" and ex.outcome is None:
+                ex.resolution = _resolution(data, t)
+            return
+        call = self.llm.get(eid)
+        if call is not None and call["pending"]:
+            if kind == "llm_call_finished":
+                call.update(finished_at=t, duration_seconds=_span(call["started_at"], t),
+                            outcome=data.get("o"), pending=False)
+            elif kind == "llm_call_resolved":
+                call.update(outcome=f"resolved {data.get('o')}", pending=False)
+
+
+def _resolution(data: dict[str, Any], t: float | None) -> dict[str, Any]:
+    return {"outcome": data.get("o", "resolved"), "actor": data.get("actor"),
+            "note": data.get("note"), "at": t}
+
+
+def _turn_json(node: TurnNode) -> dict[str, Any]:
+    items: dict[str, list[Any]] = {"executions": [], "refused": [], "llm_calls": []}
+    for item in node.items:
+        if isinstance(item, Execution):
+            items["executions"].append(item.as_json())
+        elif item.get("refused"):
+            items["refused"].append({k: v for k, v in item.items() if k != "refused"})
+        else:
+            items["llm_calls"].append(item)
+    return {"turn_sequence": node.sequence, "state": node.state(),
+            "started_at": node.started_at, "completed_at": node.completed_at,
+            "duration_seconds": _span(node.started_at, node.completed_at),
+            "blocker": node.blocker, "resolution": node.resolution, **items}
+
+
+def cmd_timeline(args: argparse.Namespace) -> int:
+    path: str = args.path
+    if args.last is not None and args.last < 1:
+        raise CliError("--last must be at least 1")
+    names = segment_names(path)
+    log_scan, records = scan(path, names, desc="reading")
+    state = RecoveryState()
+    builder = Builder()
+    feed(path, log_scan, records, state, builder)
+    rec = state.snapshot()
+    for b in rec.blockers:
+        if b.execution_id is not None and b.execution_id in builder.executions:
+            builder.executions[b.execution_id].blocker = True
+        elif b.state == "interrupted_turn" and b.turn_sequence in builder.turns:
+            builder.turns[b.turn_sequence].blocker = True
+    order = builder.order if args.last is None else builder.order[-args.last:]
+    turns = [_turn_json(builder.turns[key]) for key in order]
+    code = EXIT_PROBLEMS if rec.blocked or log_scan.problems else EXIT_OK
+    if args.json:
+        emit_json({"schema": "walj.timeline/1", "path": path, "log_id": log_scan.log_id,
+                   "blocked": rec.blocked, "log_ok": not log_scan.problems, "turns": turns})
+        return code
+    write_lines(_render(path, turns, rec.blocked, len(log_scan.problems)))
+    return code
+
+
+def _render(path: str, turns: list[dict[str, Any]], blocked: bool, problems: int) -> list[str]:
+    utf = (getattr(sys.stdout, "encoding", None) or "").lower().replace("-", "") == "utf8"
+    mid, end = ("├─", "└─") if utf else ("|-", "`-")
+    rows: list[tuple[str, list[str]]] = []
+    for turn in turns:
+        head = (f"turn {turn['turn_sequence']}" if turn["turn_sequence"] is not None
+                else "(no turn)")
+        marks = " ".join(m for m, on in (("INTERRUPTED-TURN BLOCKER", turn["blocker"]),)
+                         if on)
+        res = turn["resolution"]
+        settled = f"  resolved by {res['actor']}: {short(res['note'], 60)}" if res else ""
+        state = turn["state"].upper() if turn["state"] == "incomplete" else turn["state"]
+        rows.append(("", [f"{head}  {state}  {clock(turn['started_at'])}  "
+                          f"{duration(turn['duration_seconds'])}"
+                          f"{'  ' + marks if marks else ''}{settled}"]))
+        items = ([("x", e) for e in turn["executions"]] + [("r", r) for r in turn["refused"]]
+                 + [("l", c) for c in turn["llm_calls"]])
+        items.sort(key=lambda kv: int(kv[1]["seq"]))
+        for i, (kind, item) in enumerate(items):
+            glyph = end if i == len(items) - 1 else mid
+            rows.append((glyph, _item_cells(kind, item)))
+    widths: list[int] = []
+    for glyph, cells in rows:
+        if glyph:
+            for i, cell in enumerate(cells):
+                if i >= len(widths):
+                    widths.append(0)
+                widths[i] = max(widths[i], len(cell))
+    lines = [f"{path}: {len(turns)} turn(s)" + ("  [BLOCKED]" if blocked else "")
+             + (f"  [{problems} log problem(s): walj verify]" if problems else "")]
+    for glyph, cells in rows:
+        if not glyph:
+            lines.append(cells[0])
+            continue
+        padded = [c.ljust(widths[i]) for i, c in enumerate(cells)]
+        lines.append(f"  {glyph} " + "  ".join(padded).rstrip())
+    return lines
+
+
+def _item_cells(kind: str, item: dict[str, Any]) -> list[str]:
+    if kind == "x":
+        marks = []
+        if item["ambiguous"]:
+            marks.append("AMBIGUOUS")
+        if item["blocker"]:
+            marks.append("BLOCKER")
+        detail = ""
+        if item["resolution"] is not None:
+            r = item["resolution"]
+            detail = f"by {r['actor']}: {short(r['note'], 50)}"
+        elif item["error"]:
+            detail = short(item["error"], 60)
+        elif item["error_type"]:
+            detail = f"interrupted by {item['error_type']}"
+        return [str(item["tool"]), str(item["call_id"]), item["outcome"],
+                duration(item["duration_seconds"]), " ".join(marks),
+                f"exec {str(item['execution_id'])[:12]}", detail]
+    if kind == "r":
+        count = len(item["blocked_by"]) + len(item["blocked_by_turns"])
+        return [str(item["tool"]), str(item["call_id"]), "REFUSED", "-", "BLOCKED-DISPATCH",
+                f"exec {str(item['execution_id'])[:12]}",
+                f"dispatch blocked by {count} blocker(s); nothing ran"]
+    outcome = "pending" if item["pending"] else str(item["outcome"])
+    return [f"llm {item['model'] or '-'}", "-", outcome, duration(item["duration_seconds"]),
+            "PENDING" if item["pending"] else "", f"llm {str(item['llm_call_id'])[:12]}", ""]

@@ -1,0 +1,214 @@
+"""The two commands that write, both under the writer lock: `walj resolve` (settle a blocker on
+the record) and `walj repair` (cut a torn tail or damaged suffix into quarantine)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from .. import _format as fmt
+from .._fs import DEFAULT_FS
+from .._quarantine import QUARANTINE_DIR, cut_segment
+from .._scan import LogScan
+from ..errors import CorruptionError, LockedError, ResolutionError
+from ._common import (
+    EXIT_OK,
+    EXIT_PROBLEMS,
+    EXIT_USAGE,
+    CliError,
+    clock,
+    emit_json,
+    os_error,
+    plural,
+    scan,
+    segment_names,
+    short,
+    write_lines,
+)
+from ._records import kind_of
+
+# --- resolve --------------------------------------------------------------------------------
+
+_USAGE_REASONS = ("unknown", "bad_outcome", "bad_actor", "note_required")
+
+
+def _locked(path: str, exc: LockedError, what: str) -> CliError:
+    return CliError(f"refused: a live writer holds {path} ({exc.owner or 'owner unknown'}); "
+                    f"{what} only once it has stopped", EXIT_PROBLEMS)
+
+
+def _expand(prefix: str, candidates: list[str]) -> str:
+    """A unique prefix (6+ characters) of an open execution's id, expanded; else as given."""
+    if len(prefix) < 6 or prefix in candidates:
+        return prefix
+    matches = [c for c in candidates if c.startswith(prefix)]
+    if len(matches) > 1:
+        raise CliError(f"{prefix!r} is a prefix of {len(matches)} blockers: give more of it")
+    return matches[0] if matches else prefix
+
+
+def cmd_resolve(args: argparse.Namespace) -> int:
+    path: str = args.path
+    if (args.execution_id is None) == (args.turn is None):
+        raise CliError("give either an EXECUTION_ID or --turn N")
+    if args.turn is not None and args.outcome is not None:
+        raise CliError("--outcome is for an execution; a turn is settled without one")
+    if args.execution_id is not None and args.outcome is None:
+        raise CliError("--outcome succeeded|failed|not_performed is required")
+    names = segment_names(path)
+    _, records = scan(path, names)
+    first = next(records, None)
+    if first is not None and kind_of(first[1]) == "-":
+        raise CliError(f"{path} is a walj log but not a tool journal: nothing to resolve")
+    from .._journal import ToolJournal
+
+    try:
+        journal = ToolJournal.open(path, lock_timeout=0)
+    except LockedError as exc:
+        raise _locked(path, exc, "resolve") from None
+    except CorruptionError as exc:
+        raise CliError(f"{path}: {exc} (see `walj verify`, then `walj repair`)",
+                       EXIT_PROBLEMS) from None
+    with journal:
+        try:
+            if args.turn is not None:
+                resolution = journal.resolve_turn(args.turn, note=args.note, actor=args.actor)
+            else:
+                before = journal.recovery
+                open_ids = [b.execution_id for b in before.blockers if b.execution_id]
+                open_ids += [c.llm_call_id for c in before.pending_llm_calls]
+                eid = _expand(args.execution_id, open_ids)
+                resolution = journal.resolve(eid, args.outcome, note=args.note,
+                                             actor=args.actor)
+        except ResolutionError as exc:
+            code = EXIT_USAGE if exc.reason in _USAGE_REASONS else EXIT_PROBLEMS
+            raise CliError(f"refused: {exc}", code) from None
+        after = journal.recovery
+    settled = {
+        "kind": resolution.kind, "execution_id": resolution.execution_id,
+        "turn_sequence": resolution.turn_sequence, "tool": resolution.tool,
+        "outcome": resolution.outcome, "actor": resolution.actor, "note": resolution.note,
+        "at": resolution.at, "seq": resolution.seq,
+    }
+    if args.json:
+        emit_json({"schema": "walj.resolve/1", "path": path, "resolution": settled,
+                   "blocked": after.blocked, "blockers_left": len(after.blockers)})
+        return EXIT_OK
+    what = (f"execution {resolution.execution_id} ({resolution.tool})"
+            if resolution.kind != "turn" else f"turn {resolution.turn_sequence}")
+    lines = [f"resolved {what}: {resolution.outcome} by {resolution.actor} at "
+             f"{clock(resolution.at)} UTC (seq {resolution.seq}, durable)",
+             f"  note: {short(resolution.note, 200)}"]
+    if after.blocked:
+        lines.append(f"  still blocked by {plural(len(after.blockers), 'blocker')}: "
+                     f"`walj inspect {path}`")
+    else:
+        lines.append("  no blocker left: dispatch resumes")
+    write_lines(lines)
+    return EXIT_OK
+
+
+# --- repair ---------------------------------------------------------------------------------
+
+
+def plan_cuts(path: str) -> tuple[list[tuple[str, int, str]], LogScan]:
+    """Where the log must be cut so that what stays verifies: at its first problem (or its torn
+    tail), every later segment whole, last segment first. Refuses what a cut cannot fix."""
+    log_scan = LogScan(path, mode="salvage")
+    try:
+        for _ in log_scan:
+            pass
+    except OSError as exc:
+        raise os_error(exc) from None
+    for problem in log_scan.problems:
+        if problem.kind == "unsupported_version":
+            raise CliError(f"refused: {problem.file} has a format version this walj does not "
+                           "know; repair it with the walj that wrote it", EXIT_PROBLEMS)
+        if problem.kind == "symlink":
+            raise CliError(f"refused: {problem.file} is a symbolic link; move it out of the "
+                           "log by hand, then run repair again", EXIT_PROBLEMS)
+    points = [(fmt.segment_index(p.file) or 0, p.offset, p.kind) for p in log_scan.problems]
+    torn = log_scan.torn_tail
+    if torn is not None:
+        points.append((fmt.segment_index(torn.file) or 0, torn.offset, torn.kind))
+    if not points:
+        return [], log_scan
+    index, offset, kind = min(points)
+    cuts: list[tuple[str, int, str]] = []
+    for name in reversed(segment_names(path)):
+        seg_index = fmt.segment_index(name) or 0
+        if seg_index > index:
+            cuts.append((name, 0, f"after_{kind}"))
+        elif seg_index == index:
+            size = os.path.getsize(os.path.join(path, name))
+            if offset < size:
+                cuts.append((name, offset, kind))
+    return cuts, log_scan
+
+
+def cmd_repair(args: argparse.Namespace) -> int:
+    path: str = args.path
+    segment_names(path)
+    lock = None
+    if not args.dry_run:
+        from .._lock import WriterLock
+
+        try:
+            lock = WriterLock(DEFAULT_FS, path, 0)
+        except LockedError as exc:
+            raise _locked(path, exc, "repair") from None
+    try:
+        cuts, _ = plan_cuts(path)
+        done: list[dict[str, Any]] = []
+        for name, offset, kind in cuts:
+            length = os.path.getsize(os.path.join(path, name)) - offset
+            entry: dict[str, Any] = {"segment": name, "offset": offset, "length": length,
+                                     "kind": kind, "quarantine_file": None, "sha256": None}
+            if not args.dry_run:
+                try:
+                    q = cut_segment(DEFAULT_FS, path, name, offset, kind)
+                except OSError as exc:
+                    raise os_error(exc) from None
+                entry.update(length=q.length, quarantine_file=f"{QUARANTINE_DIR}/{q.file}",
+                             sha256=q.sha256)
+            done.append(entry)
+        ok_after = None
+        if not args.dry_run and cuts:
+            after = LogScan(path, mode="salvage")
+            for _ in after:
+                pass
+            ok_after = not after.problems and after.torn_tail is None
+    finally:
+        if lock is not None:
+            lock.release()
+    if args.json:
+        emit_json({"schema": "walj.repair/1", "path": path, "dry_run": args.dry_run,
+                   "clean_before": not cuts, "cuts": done, "ok_after": ok_after})
+    else:
+        write_lines(_repair_text(path, args.dry_run, done, ok_after))
+    if ok_after is False:
+        return EXIT_PROBLEMS
+    return EXIT_OK
+
+
+def _repair_text(path: str, dry_run: bool, done: list[dict[str, Any]],
+                 ok_after: bool | None) -> list[str]:
+    if not done:
+        return [f"{path}: nothing to repair (no torn tail, no damage)"]
+    total = sum(e["length"] for e in done)
+    verb = "would move" if dry_run else "moved"
+    lines = [f"{path}: {verb} {total:,} bytes from {plural(len(done), 'segment')} to "
+             f"{QUARANTINE_DIR}/ (nothing is deleted):"]
+    for e in done:
+        where = f" -> {e['quarantine_file']}" if e["quarantine_file"] else ""
+        whole = " (whole segment)" if e["offset"] == 0 else ""
+        lines.append(f"  {e['segment']} from byte {e['offset']:,}: {e['length']:,} bytes, "
+                     f"{e['kind']}{whole}{where}")
+    if dry_run:
+        lines.append("dry run: nothing was changed; run without --dry-run to cut")
+    elif ok_after:
+        lines.append(f"the log verifies now; each cut is listed in {QUARANTINE_DIR}/MANIFEST.jsonl")
+    else:
+        lines.append("the log still has problems after the cut: run `walj verify`")
+    return lines
