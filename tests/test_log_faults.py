@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from faultfs import FaultyFS, SimulatedCrash, abandon
 from helpers import all_data, make_records, segments
 
 import walj
+
 
 def _rotation_window(tmp_path: Path, records: list[dict[str, object]]) -> range:
     """Indexes of the calls, from the seal's write to the directory sync after the rename."""
@@ -177,7 +179,7 @@ def test_syscall_order_of_appends_and_rotation(tmp_path: Path) -> None:
     # Every record's write is synced before the next record's write; the one exception is the
     # record that fills a segment, which the seal's sync covers right after the seal's write.
     writes = [i for i, (op, target) in enumerate(events) if op == "write"]
-    for a, b in zip(writes, writes[1:]):
+    for a, b in pairwise(writes):
         synced = ("fdatasync", events[a][1]) in events[a + 1 : b]
         assert synced or events[b + 1] == ("fdatasync", events[a][1]), events[a : b + 2]
     rename = next(i for i, (op, t) in enumerate(events) if op == "rename" and "seg-0000000002" in t)
