@@ -45,6 +45,12 @@ class Durability:
             raise self._poison(exc) from exc
         self._durable_seq = self._next_seq - 1
 
+    def _wake_gatherer(self) -> None:
+        """With the lock held: wake a gathering leader only once it has nothing left to wait
+        for, since every needless wake-up is a thread switch on the hot path."""
+        if self._syncing and self._active <= len(self._pending):
+            self._gathered.notify()
+
     def _gather(self) -> None:
         """Before a group sync, wait (briefly) until every appender inside `append` is waiting on
         a record no sync has covered: those still writing, and those a sync just released that
@@ -65,7 +71,7 @@ class Durability:
         waking them costs no trip through the log's lock."""
         with self._lock:
             self._pending.append(seq)
-            self._gathered.notify()
+            self._wake_gatherer()
         try:
             while self._durable_seq < seq:
                 with self._lock:

@@ -157,7 +157,7 @@ class Log(Durability):
         finally:
             with self._lock:
                 self._active -= 1
-                self._gathered.notify()
+                self._wake_gatherer()
 
     def _append_one(self, record: dict[str, Any], durable: bool) -> int:
         data = encode_record(record)
