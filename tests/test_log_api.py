@@ -201,3 +201,15 @@ def test_salvage_open_is_read_only(logdir: Path) -> None:
     log.close()
     with walj.Log.open(logdir) as writer:  # and holds none
         assert writer.last_seq == 3
+
+
+def test_checksummed_line_that_is_not_json_is_a_typed_error(logdir: Path) -> None:
+    from walj import _format as fmt
+
+    write_log(logdir, make_records(2))
+    seg = segments(logdir)[0]
+    with open(seg, "ab") as f:
+        f.write(fmt.frame(b'"seq":3,"data":{not json}'))
+    with pytest.raises(walj.CorruptionError) as info:
+        list(walj.read(logdir))
+    assert info.value.seq == 3

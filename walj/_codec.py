@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from typing import Any
 
 from .errors import SerializationError
@@ -55,6 +56,14 @@ def _encode_msgspec(value: Any) -> bytes:
 _msgspec_encode = _encoder.encode if _encoder is not None else _encode_json
 encode = _encode_msgspec if _encoder is not None else _encode_json
 encode.__doc__ = "Compact JSON bytes of `value`; SerializationError for anything JSON cannot hold."
+
+
+def raw_decoder() -> tuple[Callable[[bytes], Any], type[Exception]]:
+    """The fastest decode function and the exception it raises on bad JSON, for hot loops
+    that convert that exception themselves."""
+    if _decoder is None:
+        return json.loads, ValueError
+    return _decoder.decode, _DecodeError
 
 
 def decode(data: bytes | memoryview) -> Any:

@@ -5,17 +5,16 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import _codec
 from ._fs import DEFAULT_FS, FileSystem
 from ._scan import LogScan, TornTail
 from ._segment import Problem
-from .errors import WaljError
+from .errors import CorruptionError, WaljError
 
 
-@dataclass(frozen=True)
-class Record:
+class Record(NamedTuple):
     """One record as read back: its sequence number and its data."""
 
     seq: int
@@ -59,9 +58,14 @@ def read(
     directory = os.fspath(path)
     _check_directory(directory)
     scan = LogScan(directory, mode=recovery, start_seq=start_seq, fs=_fs, follow_rotation=True)
-    decode = _codec.decode
-    for seq, data in scan:
-        yield Record(seq, decode(data))
+    decode, decode_error = _codec.raw_decoder()
+    seq = 0
+    try:
+        for seq, data in scan:
+            yield Record(seq, decode(data))
+    except decode_error as exc:  # a checksummed line that is not JSON: written by no walj
+        raise CorruptionError(f"record {seq} of {directory} is not JSON: {exc}", seq=seq,
+                              kind="bad_line") from exc
 
 
 def verify(path: str | os.PathLike[str], *, _fs: FileSystem = DEFAULT_FS) -> VerifyReport:
