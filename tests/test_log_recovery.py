@@ -219,15 +219,53 @@ def test_resealed_segment_is_caught_by_the_chain(logdir: Path) -> None:
     assert info.value.kind == "seal_chain"
 
 
-def test_zeroed_block_in_the_middle(logdir: Path) -> None:
-    write_log(logdir, make_records(200), segment_bytes=1 << 20)
+def test_zeroed_block_in_the_active_segment_is_a_crash_hole(logdir: Path) -> None:
+    """A power cut can lose an unsynced write while later ones reach the disk: zeroed sectors,
+    then verified lines. None of those lines was acknowledged (a sync covering them would have
+    covered the hole), so recovery cuts from the hole on, into quarantine; verify says so."""
+    records = make_records(200)
+    write_log(logdir, records, segment_bytes=1 << 20)
     seg = segments(logdir)[-1]
-    data = bytearray(seg.read_bytes())
+    original = seg.read_bytes()
+    data = bytearray(original)
     data[4096:8192] = b"\x00" * 4096
     seg.write_bytes(bytes(data))
+    report = walj.verify(logdir)
+    assert not report.ok and report.problems[0].kind == "zero_fill"
+    assert report.torn_tail is not None and report.torn_tail.kind == "zero_fill"
+    with pytest.raises(walj.CorruptionError):
+        walj.Log.open(logdir, recovery="strict")
+    kept = [r.data for r in walj.read(logdir)]
+    assert kept == records[: len(kept)] and 0 < len(kept) < 200
+    with walj.Log.open(logdir) as log:
+        assert log.last_seq == len(kept)
+        q = log.torn_tail
+        assert q is not None and q.offset == report.torn_tail.offset
+    cut = (logdir / "quarantine" / q.file).read_bytes()
+    assert seg.read_bytes() + cut == bytes(data)
+    assert walj.verify(logdir).ok
+
+
+def test_zeroed_block_in_a_sealed_segment_refuses(logdir: Path) -> None:
+    write_log(logdir, make_records(200), segment_bytes=8192)
+    sealed = segments(logdir)[0]
+    data = bytearray(sealed.read_bytes())
+    data[4096:4608] = b"\x00" * 512
+    sealed.write_bytes(bytes(data))
     with pytest.raises(walj.CorruptionError):
         walj.Log.open(logdir)
-    assert not walj.verify(logdir).ok
+    assert "zero_fill" in [p.kind for p in walj.verify(logdir).problems]
+
+
+def test_bit_flip_followed_by_records_is_never_a_hole(logdir: Path) -> None:
+    write_log(logdir, make_records(50))
+    seg = segments(logdir)[-1]
+    data = bytearray(seg.read_bytes())
+    data[600] ^= 0x01
+    seg.write_bytes(bytes(data))
+    with pytest.raises(walj.CorruptionError) as info:
+        walj.Log.open(logdir)
+    assert info.value.kind == "bad_checksum"
 
 
 def test_read_treats_an_unfinished_line_as_in_progress(logdir: Path) -> None:

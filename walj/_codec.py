@@ -23,23 +23,60 @@ except ImportError:  # pragma: no cover - exercised by the zipapp tests
 HAVE_MSGSPEC = _encoder is not None
 
 
+MAX_DEPTH = 256  # containers inside containers; deeper records are refused on append
+
+
 def _find_non_finite(value: Any) -> bool:
-    if isinstance(value, float):
-        return not math.isfinite(value)
-    if isinstance(value, dict):
-        return any(_find_non_finite(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return any(_find_non_finite(v) for v in value)
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
     return False
+
+
+def _depth(value: Any) -> int:
+    deepest = 0
+    stack = [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, (list, tuple)):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, level)
+        if deepest > MAX_DEPTH:
+            break
+        stack.extend((child, level + 1) for child in children)
+    return deepest
+
+
+def _check_depth(value: Any, out: bytes) -> None:
+    """Refuse records nested deeper than MAX_DEPTH: reading them back would need the call
+    stack that deep again. Counting brackets bounds the depth from above in C, so the walk
+    runs only for records with many containers."""
+    if out.count(b"[") + out.count(b"{") > MAX_DEPTH and _depth(value) > MAX_DEPTH:
+        raise SerializationError(f"record is nested more than {MAX_DEPTH} levels deep")
 
 
 def _encode_json(value: Any) -> bytes:
     try:
-        return json.dumps(
+        out = json.dumps(
             value, separators=(",", ":"), ensure_ascii=False, allow_nan=False
         ).encode("utf-8")
     except (TypeError, ValueError) as exc:
         raise SerializationError(f"record is not JSON-serializable: {exc}") from exc
+    except RecursionError as exc:
+        raise SerializationError(f"record is nested too deeply: {exc}") from exc
+    _check_depth(value, out)
+    return out
 
 
 def _encode_msgspec(value: Any) -> bytes:
@@ -47,6 +84,9 @@ def _encode_msgspec(value: Any) -> bytes:
         out = _msgspec_encode(value)
     except (TypeError, ValueError, OverflowError) as exc:
         raise SerializationError(f"record is not JSON-serializable: {exc}") from exc
+    except RecursionError as exc:
+        raise SerializationError(f"record is nested too deeply: {exc}") from exc
+    _check_depth(value, out)
     # msgspec writes NaN and Infinity as null; a null in the output is the only sign of one.
     if b"null" in out and _find_non_finite(value):
         raise SerializationError("record holds NaN or Infinity, which JSON cannot represent")

@@ -102,14 +102,18 @@ class Durability:
         target, fd = self._next_seq - 1, self._fd
         self._lock.release()
         failure: OSError | None = None
+        synced = False
         try:
             self._fs.sync(fd)
+            synced = True
         except OSError as exc:
             failure = exc
         finally:
+            # Only a sync that returned makes anything durable: an interrupt (KeyboardInterrupt)
+            # before or around it leaves the round unsynced, for a later sync to cover.
             self._lock.acquire()
             self._syncing = False
-            if failure is None:
+            if synced:
                 self._durable_seq = max(self._durable_seq, target)
                 self._pending = [s for s in self._pending if s > target]
             latch.release()

@@ -93,9 +93,10 @@ def parse_data(line: bytes) -> tuple[int, bytes] | None:
     if comma < 0 or line[comma : comma + 8] != DATA_TAG:
         return None
     digits = line[BODY_START + 6 : comma]
-    if not digits.isdigit():
+    data = line[comma + 8 : -1]
+    if not digits.isdigit() or not data.startswith(b"{"):
         return None
-    return int(digits), line[comma + 8 : -1]
+    return int(digits), data
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,11 @@ class WriterLock:
             with _open_dirs_guard:
                 _open_dirs.pop(self._key, None)
             raise
-        self._write_owner(fs, directory)
+        try:
+            self._write_owner(fs, directory)
+        except BaseException:
+            self.release()
+            raise
 
     @staticmethod
     def _write_owner(fs: FileSystem, directory: str) -> None:

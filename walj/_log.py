@@ -250,7 +250,7 @@ class Log(Durability):
         self._stop.set()
         if self._syncer is not None and self._syncer is not threading.current_thread():
             self._syncer.join()
-        failure: OSError | None = None
+        failure: PoisonedError | None = None
         with self._lock:
             while self._syncing:
                 self._cond.wait()
@@ -262,8 +262,8 @@ class Log(Durability):
                     self._fs.sync(self._fd)
                     self._durable_seq = self._next_seq - 1
                 except OSError as exc:
-                    failure = exc
-                    self._poison(exc)
+                    failure = self._poison(exc)
+                    failure.__cause__ = exc
             self._closed = True
             self._unusable = True
             self._cond.notify_all()
@@ -275,7 +275,7 @@ class Log(Durability):
                     pass  # the data question was settled by the sync above
         self._release()
         if failure is not None:
-            raise PoisonedError(f"final sync of {self._dir} failed: {failure}") from failure
+            raise failure
 
     def _release(self) -> None:
         if self._fd >= 0:

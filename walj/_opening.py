@@ -46,7 +46,12 @@ def prepare_directory(fs: FileSystem, directory: str, create: bool) -> None:
         raise WaljError(f"{directory} does not exist")
     parent = os.path.dirname(os.path.abspath(directory))
     os.makedirs(parent, mode=0o700, exist_ok=True)
-    fs.mkdir(directory)
+    try:
+        fs.mkdir(directory)
+    except FileExistsError:
+        if not os.path.isdir(directory):
+            raise WaljError(f"{directory} exists and is not a directory") from None
+        return  # another opener made it first; the lock decides which of us writes
     fs.sync_dir(parent)
 
 

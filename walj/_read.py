@@ -59,13 +59,16 @@ def read(
     _check_directory(directory)
     scan = LogScan(directory, mode=recovery, start_seq=start_seq, fs=_fs, follow_rotation=True)
     decode, decode_error = _codec.raw_decoder()
-    seq = 0
-    try:
-        for seq, data in scan:
-            yield Record(seq, decode(data))
-    except decode_error as exc:  # a checksummed line that is not JSON: written by no walj
-        raise CorruptionError(f"record {seq} of {directory} is not JSON: {exc}", seq=seq,
-                              kind="bad_line") from exc
+    salvage = recovery == "salvage"
+    for seq, data in scan:
+        try:
+            value = decode(data)
+        except (decode_error, RecursionError) as exc:  # checksummed, yet written by no walj
+            if salvage:
+                continue
+            raise CorruptionError(f"record {seq} of {directory} cannot be decoded: {exc}",
+                                  seq=seq, kind="bad_line") from exc
+        yield Record(seq, value)
 
 
 def verify(path: str | os.PathLike[str], *, _fs: FileSystem = DEFAULT_FS) -> VerifyReport:

@@ -31,6 +31,18 @@ class TornTail:
     kind: str
 
 
+def _crash_hole(seg: SegmentScan, final: bool) -> bool:
+    """A power cut can persist later unsynced appends and lose an earlier one, leaving zeroed
+    sectors and then verified lines. In the last segment, damage that starts with zeroed
+    sectors and is followed only by torn lines and the seq gap it causes is such a hole: its
+    records were never acknowledged as durable (a sync that covered them would have covered the
+    hole too), so recovery cuts from the hole on. Non-zero damage followed by records is never
+    a crash: it refuses."""
+    problems = seg.problems
+    return (final and bool(problems) and problems[0].kind == "zero_fill"
+            and all(p.kind in TAIL_KINDS or p.kind == "seq_gap" for p in problems[1:]))
+
+
 def list_segments(fs: FileSystem, directory: str) -> tuple[list[tuple[int, str]], list[Problem]]:
     """Segment files in log order, and a problem for each one that is refused (a symlink)."""
     found: list[tuple[int, str]] = []
@@ -148,9 +160,13 @@ class LogScan:
                 expected_seq = seg.header.first_seq
             i += 1
 
-    def _late_record(self, seg: SegmentScan, *, final: bool) -> None:
+    def _late_record(self, seg: SegmentScan, *, final: bool) -> bool:
+        """Before a record that follows a problem: raise, drop it (False) or yield it (True)."""
+        if self.mode != "salvage" and _crash_hole(seg, final):
+            return False  # behind a crash hole: recovery cuts it, a reader never sees it
         self._segment_problems(seg, seg.reported, final, before_record=True)
         seg.reported = len(seg.problems)
+        return True
 
     def _skippable(self, next_name: str) -> bool:
         header = read_header(self.fs, self.directory, next_name)
@@ -181,20 +197,20 @@ class LogScan:
         self, seg: SegmentScan, start: int, final: bool, *, before_record: bool
     ) -> None:
         """Decide, for the problems seg found since `start`, whether they are a torn tail."""
-        new = seg.problems[start:]
-        if not new:
+        if not seg.problems:
             return
-        may_be_torn = final and not seg.valid_after_problem and seg.problems[0].kind in TAIL_KINDS
-        if before_record or not may_be_torn:
+        new = seg.problems[start:]
+        first = seg.problems[0]
+        torn = not before_record and final and first.kind in TAIL_KINDS and (
+            not seg.valid_after_problem or _crash_hole(seg, final))
+        if not torn:
             # A verified record after a problem, or a problem anywhere but the log's end.
             for problem in new:
                 self._report(problem)
             return
-        tail_start = seg.problems[0]
-        later = [p for p in seg.problems[1:] if p.kind not in TAIL_KINDS]
-        for problem in later:
-            self._report(problem)
-        self.torn_tail = TornTail(seg.name, tail_start.offset, seg.size - tail_start.offset,
-                                  tail_start.kind)
+        for problem in new:
+            if problem.kind not in TAIL_KINDS and problem.kind != "seq_gap":
+                self._report(problem)
+        self.torn_tail = TornTail(seg.name, first.offset, seg.size - first.offset, first.kind)
         if self.mode == "strict":
-            self._report(tail_start)
+            self._report(first)

@@ -29,8 +29,21 @@ class Problem:
         return f"{self.file} at byte {self.offset}{seq}: {self.kind}: {self.detail}"
 
 
-def _bad_line_kind(line: bytes) -> str:
-    if line and not line.strip(b"\x00"):
+SECTOR = 512
+_ZERO_SECTOR = bytes(SECTOR)
+
+
+def _has_zero_sector(line: bytes, offset: int) -> bool:
+    """True when the line covers a whole, aligned, all-zero disk sector: how a crash leaves an
+    unsynced write that never reached the disk (the file grew, its data did not)."""
+    start = -offset % SECTOR
+    return any(line[i : i + SECTOR] == _ZERO_SECTOR
+               for i in range(start, len(line) - SECTOR + 1, SECTOR))
+
+
+def _bad_line_kind(line: bytes, offset: int) -> str:
+    # A line never starts with a zero byte: one that does begins where a lost write was.
+    if line and (line[0] == 0 or _has_zero_sector(line, offset)):
         return "zero_fill"
     if not line.startswith(fmt.PREFIX) or len(line) <= fmt.BODY_START:
         return "bad_line"
@@ -42,7 +55,8 @@ class SegmentScan:
 
     Iteration yields (seq, data JSON bytes) for every line whose checksum verifies, in file order,
     from `start_seq` on. Before it yields a record that follows a problem it calls
-    `before_late_record`, which raises if such records must not be used.
+    `before_late_record`, which raises if such records must not be used, and returns False to
+    drop the record (it lies in a crash hole's tail, which recovery cuts).
     """
 
     def __init__(
@@ -53,7 +67,7 @@ class SegmentScan:
         *,
         expected_first_seq: int | None = None,
         start_seq: int = 0,
-        before_late_record: Callable[[SegmentScan], None] | None = None,
+        before_late_record: Callable[[SegmentScan], bool] | None = None,
     ) -> None:
         self.fs = fs
         self.start_seq = start_seq
@@ -138,7 +152,8 @@ class SegmentScan:
             for line in lines:
                 verified = line[:body_start] == frame_head % xxh(line[body_start:])
                 # The common case, kept lean: a verified record with the next seq, nothing amiss.
-                if fast and verified and line.startswith(tag, body_start) and line[-1] == 125:
+                if (fast and verified and line.startswith(tag, body_start) and line[-1] == 125
+                        and line[data_at] == 123):  # a JSON object: "{" ... "}"
                     off += len(line) + 1
                     count += 1
                     if expected >= start_seq:
@@ -171,7 +186,7 @@ class SegmentScan:
                 buf = b""
         self._buf = b""
         if buf:
-            kind = _bad_line_kind(buf)
+            kind = _bad_line_kind(buf, pos)
             if kind != "zero_fill":
                 kind = "incomplete_line"
             self._problem(pos, kind, "last line has no newline (torn or still being written)")
@@ -200,20 +215,22 @@ class SegmentScan:
             if off == 0:
                 self._problem(0, "bad_header", "first line is not a valid header")
             else:
-                self._problem(off, _bad_line_kind(line), "checksum does not verify")
+                self._problem(off, _bad_line_kind(line, off), "checksum does not verify")
             self._stop_hashing(self.valid_end)
             return None
         if self.problems:
             self.valid_after_problem = True
         record = fmt.parse_data(line)
-        if record is not None and self.problems and self.before_late_record is not None:
-            self.before_late_record(self)  # a verified record after a problem: may raise
         if record is not None and self.seal is None and (self.header or off):
             seq = record[0]
             if seq != self.expected_seq and self.expected_seq is not None:
                 kind = "seq_gap" if seq > self.expected_seq else "seq_repeat"
                 self._problem(off, kind, f"expected seq {self.expected_seq}", seq)
             self.expected_seq = seq + 1
+            # A record out of order or after damage: the caller may raise, or drop it.
+            if (self.problems and self.before_late_record is not None
+                    and not self.before_late_record(self)):
+                return None
             self.last_seq = seq
             self.records += 1
             if not self.problems:
