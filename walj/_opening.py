@@ -85,5 +85,7 @@ def recover(fs: FileSystem, directory: str, mode: str, replay: Replay | None, *,
         quarantined = cut_segment(fs, directory, torn.file, torn.offset, torn.kind)
         if torn.offset == 0:
             last = scan.before_last
+        elif last is not None and last.seal_offset is not None and last.seal_offset >= torn.offset:
+            last.seal = None  # the seal was cut with the tail: append to the segment again
     return Recovered(scan.log_id or uuid.uuid4().hex, last, scan.last_seq, scan.problems,
                      quarantined)

@@ -40,7 +40,12 @@ def _crash_hole(seg: SegmentScan, final: bool) -> bool:
     a crash: it refuses."""
     problems = seg.problems
     return (final and bool(problems) and problems[0].kind == "zero_fill"
-            and all(p.kind in TAIL_KINDS or p.kind == "seq_gap" for p in problems[1:]))
+            and all(p.kind in TAIL_KINDS or p.kind in AFTER_HOLE for p in problems[1:]))
+
+
+# What a hole leaves after it: the gap of the lost records, and, when the crash came during a
+# rotation before the seal was synced, a seal that no longer matches what stands before it.
+AFTER_HOLE = frozenset({"seq_gap", "seal_mismatch"})
 
 
 def list_segments(fs: FileSystem, directory: str) -> tuple[list[tuple[int, str]], list[Problem]]:
@@ -134,7 +139,7 @@ class LogScan:
                 i += 1
                 continue
             seg = SegmentScan(self.fs, self.directory, name, expected_first_seq=expected_seq,
-                              start_seq=self.start_seq,
+                              expected_log_id=self.log_id, start_seq=self.start_seq,
                               before_late_record=partial(self._late_record, final=final))
             yield from seg
             start = seg.reported
@@ -182,10 +187,7 @@ class LogScan:
                 seg.problems.append(Problem(seg.name, 0, header.first_seq, "missing_segment",
                                             "the first segment does not start at seq 1"))
         elif header.log_id != self.log_id:
-            seg.problems.append(Problem(seg.name, 0, header.first_seq, "foreign_segment",
-                                        f"segment belongs to log {header.log_id}, "
-                                        f"not {self.log_id}"))
-            return
+            return  # the segment scan reported it as foreign_segment
         if header.index != index:
             seg.problems.append(Problem(seg.name, 0, header.first_seq, "bad_header",
                                         f"header says segment {header.index}"))
@@ -208,8 +210,9 @@ class LogScan:
             for problem in new:
                 self._report(problem)
             return
+        hole = _crash_hole(seg, final)
         for problem in new:
-            if problem.kind not in TAIL_KINDS and problem.kind != "seq_gap":
+            if problem.kind not in TAIL_KINDS and not (hole and problem.kind in AFTER_HOLE):
                 self._report(problem)
         self.torn_tail = TornTail(seg.name, first.offset, seg.size - first.offset, first.kind)
         if self.mode == "strict":

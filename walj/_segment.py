@@ -66,6 +66,7 @@ class SegmentScan:
         name: str,
         *,
         expected_first_seq: int | None = None,
+        expected_log_id: str | None = None,
         start_seq: int = 0,
         before_late_record: Callable[[SegmentScan], bool] | None = None,
     ) -> None:
@@ -83,6 +84,7 @@ class SegmentScan:
         self.records = 0
         self.last_seq: int | None = None
         self.expected_seq = expected_first_seq
+        self.expected_log_id = expected_log_id
         self.valid_end = 0  # just past the last verified line before the first problem
         self.size = 0
         self.digest = hashlib.sha256()  # bytes [0, seal or first problem)
@@ -269,7 +271,12 @@ class SegmentScan:
             self._problem(0, "bad_header", "header line is malformed")
             return
         self.header = header
-        if self.expected_seq is None:
+        if self.expected_log_id is not None and header.log_id != self.expected_log_id:
+            # Checked before continuity: a foreign segment's seqs say nothing about this log.
+            self._problem(0, "foreign_segment", f"segment belongs to log {header.log_id}, "
+                          f"not {self.expected_log_id}", header.first_seq)
+            self.expected_seq = header.first_seq
+        elif self.expected_seq is None:
             self.expected_seq = header.first_seq
         elif header.first_seq != self.expected_seq:
             kind = "seq_gap" if header.first_seq > self.expected_seq else "seq_repeat"
