@@ -1,14 +1,26 @@
 """A fault-injecting FileSystem for tests: failed calls, short writes, and crashes that drop
-every byte and directory entry that was not synced (the LevelDB fault_injection_test model)."""
+every byte and directory entry that was not synced (the LevelDB fault_injection_test model).
+
+`crash()` by default drops everything unsynced. The torture suite also asks for the other things
+a power cut may leave (`crash(mode=..., rng=...)`): the last unsynced write torn at a random byte
+("tear"), unsynced appends that reached the disk out of order, with holes of zeros where the
+earlier ones were lost ("reorder", which also keeps or loses each unsynced directory entry at
+random), an unsynced tail read back as zeros ("zero"), or nothing lost at all, as when only the
+process dies ("keep"). An unsynced truncation is undone by every mode but "keep".
+"""
 
 from __future__ import annotations
 
 import errno
 import os
+import random
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from walj._fs import FileSystem
+
+CRASH_MODES = ("drop", "tear", "reorder", "zero", "keep")
 
 
 class SimulatedCrash(BaseException):
@@ -22,11 +34,15 @@ class _Rule:
     action: Callable[[], None]
     after: bool = False
     seen: int = 0
+    sticky: bool = False
+    crash: bool = False
 
 
 @dataclass
 class _FileState:
     synced_size: int
+    writes: list[tuple[int, int]] = field(default_factory=list)  # unsynced (start, end)
+    cut: tuple[int, bytes] | None = None  # an unsynced truncation: (length, bytes it removed)
 
 
 @dataclass
@@ -36,53 +52,84 @@ class _DirState:
 
 
 class FaultyFS(FileSystem):
-    """Wraps the real file system; remembers what is durable so `crash()` can drop the rest."""
+    """Wraps the real file system; remembers what is durable so `crash()` can drop the rest.
 
-    def __init__(self) -> None:
+    With `freeze_on_crash=True`, once a crash point fires every later call raises
+    SimulatedCrash too, as nothing runs in a dead process (threads included).
+    """
+
+    def __init__(self, *, freeze_on_crash: bool = False) -> None:
         self.rules: list[_Rule] = []
         self.calls: list[tuple[str, str]] = []
         self._fd_path: dict[int, str] = {}
         self._files: dict[str, _FileState] = {}
         self._dirs: dict[str, _DirState] = {}
         self.short_write_bytes: int | None = None
+        self.freeze_on_crash = freeze_on_crash
+        self.dead = False
+        self.injected: list[str] = []  # every fault that fired, in order
+        self._guard = threading.RLock()
 
     # --- configuring faults --------------------------------------------------------------------
 
-    def fail(self, op: str, nth: int = 1, err: int = errno.EIO) -> None:
-        """The nth call of `op` (write, sync, sync_dir, rename, create, ...) raises OSError."""
+    def fail(self, op: str, nth: int = 1, err: int = errno.EIO, *, sticky: bool = False) -> None:
+        """The nth call of `op` (write, sync, sync_dir, rename, create, ...) raises OSError;
+        with `sticky`, so does every later call of `op` (a disk that stays full)."""
         def action() -> None:
             raise OSError(err, os.strerror(err))
-        self.rules.append(_Rule(op, nth, action))
+        self.rules.append(_Rule(op, nth, action, sticky=sticky))
 
     def crash_at(self, op: str, nth: int = 1, *, after: bool = False) -> None:
         """The nth call of `op` ("any" counts every call) raises SimulatedCrash, before (or
         after) doing its work."""
         def action() -> None:
             raise SimulatedCrash(f"{op} #{nth}")
-        self.rules.append(_Rule(op, nth, action, after))
+        self.rules.append(_Rule(op, nth, action, after, crash=True))
 
     def _hook(self, op: str, path: str, after: bool) -> None:
-        if not after:
-            self.calls.append((op, path))
-        for rule in self.rules:
-            if rule.op in (op, "any") and rule.after == after:
-                rule.seen += 1
-                if rule.seen == rule.nth:
-                    rule.action()
+        fire: _Rule | None = None
+        with self._guard:
+            if self.dead:
+                raise SimulatedCrash(f"{op} after the crash")
+            if not after:
+                self.calls.append((op, path))
+            for rule in self.rules:
+                if rule.op in (op, "any") and rule.after == after:
+                    rule.seen += 1
+                    if fire is None and (rule.seen == rule.nth or
+                                         (rule.sticky and rule.seen > rule.nth)):
+                        fire = rule
+            if fire is not None:
+                self.injected.append(f"{'crash' if fire.crash else 'fail'} {op} {path}")
+                if fire.crash and self.freeze_on_crash:
+                    self.dead = True
+        if fire is not None:
+            fire.action()
 
     # --- bookkeeping ---------------------------------------------------------------------------
 
     def _dir(self, path: str) -> _DirState:
         d = os.path.dirname(path)
-        if d not in self._dirs:
-            names = set(os.listdir(d)) if os.path.isdir(d) else set()
-            self._dirs[d] = _DirState(names)
-        return self._dirs[d]
+        with self._guard:
+            if d not in self._dirs:
+                names = set(os.listdir(d)) if os.path.isdir(d) else set()
+                self._dirs[d] = _DirState(names)
+            return self._dirs[d]
 
     def _track_file(self, path: str, fresh: bool) -> None:
-        if path not in self._files:
-            size = 0 if fresh else os.path.getsize(path)
-            self._files[path] = _FileState(size)
+        with self._guard:
+            if path not in self._files:
+                size = 0 if fresh else os.path.getsize(path)
+                self._files[path] = _FileState(size)
+
+    def unsynced_bytes(self) -> int:
+        """How many written bytes a crash now could lose (for tests that want a non-empty one)."""
+        total = 0
+        with self._guard:
+            for path, state in self._files.items():
+                if os.path.exists(path):
+                    total += max(0, os.path.getsize(path) - state.synced_size)
+        return total
 
     # --- the FileSystem interface --------------------------------------------------------------
 
@@ -90,8 +137,9 @@ class FaultyFS(FileSystem):
         self._hook("create", path, False)
         self._dir(path)
         fd = super().create(path)
-        self._fd_path[fd] = path
-        self._files[path] = _FileState(0)
+        with self._guard:
+            self._fd_path[fd] = path
+            self._files[path] = _FileState(0)
         self._hook("create", path, True)
         return fd
 
@@ -99,7 +147,8 @@ class FaultyFS(FileSystem):
         self._hook("open_append", path, False)
         self._dir(path)
         fd = super().open_append(path)
-        self._fd_path[fd] = path
+        with self._guard:
+            self._fd_path[fd] = path
         self._track_file(path, fresh=False)
         return fd
 
@@ -108,92 +157,171 @@ class FaultyFS(FileSystem):
         self._hook("write", path, False)
         if self.short_write_bytes is not None:
             data, self.short_write_bytes = data[: self.short_write_bytes], None
+            self.injected.append(f"short write {path}")
         n = super().write(fd, data)
+        with self._guard:
+            state = self._files.get(path)
+            if state is not None and n > 0:
+                end = os.fstat(fd).st_size  # O_APPEND: the bytes just written end the file
+                state.writes.append((end - n, end))
         self._hook("write", path, True)
         return n
 
     def sync(self, fd: int) -> None:
         path = self._fd_path.get(fd, "?")
         self._hook("sync", path, False)
+        # Only what was written before the sync began is sure to be covered by it.
+        size = os.fstat(fd).st_size
         super().sync(fd)
-        if path in self._files:
-            self._files[path].synced_size = os.fstat(fd).st_size
+        with self._guard:
+            state = self._files.get(path)
+            if state is not None:
+                state.synced_size = size
+                state.writes = [w for w in state.writes if w[1] > size]
+                if state.cut is not None and state.cut[0] <= size:
+                    state.cut = None
         self._hook("sync", path, True)
 
     def sync_dir(self, path: str) -> None:
         self._hook("sync_dir", path, False)
         super().sync_dir(path)
-        state = self._dirs.setdefault(path, _DirState())
-        state.synced_names = set(os.listdir(path))
-        state.renames.clear()
+        with self._guard:
+            state = self._dirs.setdefault(path, _DirState())
+            state.synced_names = set(os.listdir(path))
+            state.renames.clear()
         self._hook("sync_dir", path, True)
 
     def rename(self, src: str, dst: str) -> None:
         self._hook("rename", dst, False)
         self._dir(dst)
         super().rename(src, dst)
-        self._dirs[os.path.dirname(dst)].renames.append((src, dst))
-        if src in self._files:
-            self._files[dst] = self._files.pop(src)
-        for fd, path in self._fd_path.items():
-            if path == src:
-                self._fd_path[fd] = dst
+        with self._guard:
+            self._dirs[os.path.dirname(dst)].renames.append((src, dst))
+            if src in self._files:
+                self._files[dst] = self._files.pop(src)
+            for fd, path in self._fd_path.items():
+                if path == src:
+                    self._fd_path[fd] = dst
         self._hook("rename", dst, True)
 
     def unlink(self, path: str) -> None:
         self._hook("unlink", path, False)
         self._dir(path)
         super().unlink(path)
-        self._files.pop(path, None)
+        with self._guard:
+            self._files.pop(path, None)
         self._hook("unlink", path, True)
 
     def truncate(self, fd: int, length: int) -> None:
         path = self._fd_path.get(fd, "?")
         self._hook("truncate", path, False)
+        with self._guard:
+            state = self._files.get(path)
+            if state is not None and state.cut is None and os.path.exists(path):
+                with open(path, "rb") as f:
+                    f.seek(length)
+                    state.cut = (length, f.read())
         super().truncate(fd, length)
+        with self._guard:
+            if state is not None:
+                state.writes = [(a, min(b, length)) for a, b in state.writes if a < length]
         self._hook("truncate", path, True)
 
     def mkdir(self, path: str) -> None:
         self._hook("mkdir", path, False)
         self._dir(path)
         super().mkdir(path)
-        self._dirs[path] = _DirState(set())
+        with self._guard:
+            self._dirs[path] = _DirState(set())
         self._hook("mkdir", path, True)
 
     def close(self, fd: int) -> None:
-        self._fd_path.pop(fd, None)
+        with self._guard:
+            self._fd_path.pop(fd, None)
         super().close(fd)
 
     # --- the crash -----------------------------------------------------------------------------
 
-    def crash(self) -> None:
-        """Lose what a power cut would: unsynced bytes, and entries no directory sync covered."""
-        for fd in list(self._fd_path):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        self._fd_path.clear()
-        for path, state in self._files.items():
-            if os.path.exists(path) and os.path.getsize(path) > state.synced_size:
-                os.truncate(path, state.synced_size)
-        for directory, dstate in self._dirs.items():
-            for src, dst in reversed(dstate.renames):
-                if os.path.exists(dst):
-                    os.rename(dst, src)
-            dstate.renames.clear()
-            if not os.path.isdir(directory):
-                continue
-            for name in set(os.listdir(directory)) - dstate.synced_names:
-                full = os.path.join(directory, name)
-                if os.path.isfile(full):
-                    os.unlink(full)
-        self._files.clear()
-        self._dirs.clear()
+    def crash(self, mode: str = "drop", rng: random.Random | None = None) -> None:
+        """Lose what a power cut would: unsynced bytes, and entries no directory sync covered.
+
+        `mode` picks what happens to unsynced bytes (see the module docstring); "tear",
+        "reorder" and "zero" draw from `rng`.
+        """
+        if mode not in CRASH_MODES:
+            raise ValueError(f"crash mode must be one of {CRASH_MODES}, not {mode!r}")
+        rng = rng or random.Random(0)
+        with self._guard:
+            for fd in list(self._fd_path):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            self._fd_path.clear()
+            if mode != "keep":
+                self.injected.append(f"crash {mode}")
+                for path, state in self._files.items():
+                    if os.path.exists(path):
+                        self._lose_file_bytes(path, state, mode, rng)
+                for directory, dstate in self._dirs.items():
+                    self._lose_entries(directory, dstate, mode, rng)
+            self._files.clear()
+            self._dirs.clear()
+            self.dead = False
+
+    @staticmethod
+    def _lose_file_bytes(path: str, state: _FileState, mode: str, rng: random.Random) -> None:
+        size = os.path.getsize(path)
+        if state.cut is not None and size == state.cut[0]:
+            with open(path, "ab") as f:  # the truncation never reached the disk
+                f.write(state.cut[1])
+            size += len(state.cut[1])
+        synced = state.synced_size
+        if size <= synced:
+            return
+        writes = [(max(a, synced), b) for a, b in state.writes if b > synced] or [(synced, size)]
+        if mode == "drop":
+            os.truncate(path, synced)
+        elif mode == "tear":
+            start, end = writes[-1]
+            os.truncate(path, rng.randint(start, end))
+        elif mode == "zero":
+            start = rng.randint(synced, size)
+            with open(path, "r+b") as f:
+                f.seek(start)
+                f.write(b"\0" * (size - start))
+        else:  # reorder: each unsynced write reached the disk, or did not, on its own
+            kept = [w for w in writes if rng.random() < 0.5]
+            new_size = max([synced] + [b for _, b in kept])
+            with open(path, "r+b") as f:
+                for a, b in writes:
+                    if (a, b) not in kept and a < new_size:
+                        f.seek(a)
+                        f.write(b"\0" * (min(b, new_size) - a))
+            os.truncate(path, new_size)
+
+    @staticmethod
+    def _lose_entries(directory: str, dstate: _DirState, mode: str, rng: random.Random) -> None:
+        def lost() -> bool:
+            return mode != "reorder" or rng.random() < 0.5
+
+        for src, dst in reversed(dstate.renames):
+            if os.path.exists(dst) and lost():
+                os.rename(dst, src)
+        dstate.renames.clear()
+        if not os.path.isdir(directory):
+            return
+        for name in sorted(set(os.listdir(directory)) - dstate.synced_names):
+            full = os.path.join(directory, name)
+            if os.path.isfile(full) and lost():
+                os.unlink(full)
 
 
 def abandon(log: object) -> None:
     """Drop a Log as a dead process would: no sync, no close, only its lock let go."""
+    stop = getattr(log, "_stop", None)
+    if stop is not None:
+        stop.set()  # a dead process has no interval-sync thread either
     log._fd = -1  # type: ignore[attr-defined]
     log._closed = True  # type: ignore[attr-defined]
     log._release()  # type: ignore[attr-defined]

@@ -1,0 +1,230 @@
+"""Regression tests, one per bug the torture suite found, each named after its bug."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+from faultfs import FaultyFS, abandon
+
+import walj
+
+
+@pytest.mark.parametrize("op, err", [("rename", errno.EIO), ("write", errno.ENOSPC),
+                                     ("create", errno.EIO)])
+def test_regression_lock_kept_after_failed_open(tmp_path: Path, op: str, err: int) -> None:
+    """Log.open writes LOCK.owner after taking the lock; when that write failed (EIO, a full
+    disk) the exception left the lock held and the directory marked open in this process, so
+    every later open in the process raised LockedError until it exited."""
+    path = tmp_path / "log"
+    with walj.Log.open(path) as log:
+        log.append({"a": 1})
+    fs = FaultyFS()
+    fs.fail(op, 1, err)  # the first write-side call of an open is the owner file's
+    try:
+        walj.Log.open(path, _fs=fs).close()
+    except OSError:
+        pass  # failing the open is fine; keeping the directory locked is not
+    with walj.Log.open(path, lock_timeout=1) as log:
+        assert log.last_seq == 1
+
+
+@pytest.mark.parametrize("damage", ["duplicated line", "swapped lines"])
+def test_regression_read_yields_out_of_order_record(tmp_path: Path, damage: str) -> None:
+    """walj.read handed the caller a record whose seq broke the order (a repeat, or one from
+    further on) and raised CorruptionError only at the next record: a reader saw seq 13 twice."""
+    path = tmp_path / "log"
+    with walj.Log.open(path, segment_bytes=1024) as log:
+        for i in range(40):
+            log.append({"i": i, "text": "t" * (20 + i % 50)})
+    segment = sorted(path.glob("seg-*.jsonl"))[1]
+    lines = segment.read_bytes().splitlines(keepends=True)
+    if damage == "duplicated line":
+        lines.insert(4, lines[3])
+    else:
+        lines[2], lines[3] = lines[3], lines[2]
+    segment.write_bytes(b"".join(lines))
+    seqs: list[int] = []
+    with pytest.raises(walj.CorruptionError):
+        for record in walj.read(path):
+            seqs.append(record.seq)
+    assert seqs == list(range(1, len(seqs) + 1))
+
+
+def _nested(depth: int) -> object:
+    value: object = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def _read_from_a_deeper_stack(path: Path, frames: int) -> list[walj.Record]:
+    if frames:
+        return _read_from_a_deeper_stack(path, frames - 1)
+    return list(walj.read(path))
+
+
+def test_regression_deeply_nested_record(tmp_path: Path) -> None:
+    """A record nested about 1,000 levels deep was appended, then could not be read back from
+    a call stack a few dozen frames deeper (msgspec's RecursionError escaped walj.read and any
+    journal replay); one nested deeper still made append raise RecursionError, not
+    SerializationError, and so did one holding a null (the NaN search recursed), as
+    journal.resolve(..., output=...) with a deep output did."""
+    path = tmp_path / "log"
+    with walj.Log.open(path) as log:
+        with pytest.raises(walj.SerializationError):
+            log.append({"deep": _nested(1200)})
+        with pytest.raises(walj.SerializationError):
+            log.append({"deep": _nested(1200), "none": None})  # the NaN search recursed too
+        for record in ({"deep": _nested(980)}, {"deep": _nested(950), "none": None}):
+            try:
+                log.append(record)
+            except walj.SerializationError:
+                pass  # refusing it up front is the other correct answer
+    for frames in (0, 50, 200):
+        try:
+            _read_from_a_deeper_stack(path, frames)
+        except walj.WaljError:
+            pass
+        except RecursionError as exc:
+            raise AssertionError(f"RecursionError {frames} frames down") from exc
+
+
+def test_regression_verified_line_that_is_not_json(tmp_path: Path) -> None:
+    """A line whose checksum verifies but whose data is not a JSON object: bad JSON made
+    walj.read raise ValueError (since made a CorruptionError), and an array, a number or null
+    is still handed out as a Record whose data is not a dict."""
+    import xxhash
+
+    path = tmp_path / "log"
+    with walj.Log.open(path) as log:
+        log.append({"a": 1})
+    segment = sorted(path.glob("seg-*.jsonl"))[-1]
+    for data in (b"", b"[1]", b'{"a":', b"1", b"null"):
+        body = b'"seq":2,"data":' + data + b"}"
+        line = b'{"xxh64":"%016x",%s\n' % (xxhash.xxh64_intdigest(body), body)
+        original = segment.read_bytes()
+        segment.write_bytes(original + line)
+        for recovery in ("tolerate_tail", "salvage"):
+            try:
+                records = list(walj.read(path, recovery=recovery))
+            except walj.WaljError:
+                continue
+            assert all(isinstance(r.data, dict) for r in records), (data, recovery)
+        segment.write_bytes(original)
+
+
+class _LosesTheMkdirRace(FaultyFS):
+    """Another process creates the log directory between Log.open's check and its mkdir."""
+
+    def mkdir(self, path: str) -> None:
+        if not os.path.exists(path):
+            os.mkdir(path, 0o700)
+        super().mkdir(path)
+
+
+def test_regression_open_race_on_a_new_directory(tmp_path: Path) -> None:
+    """Two processes opening the same new log directory at once: the one whose mkdir came second
+    got FileExistsError instead of the log (or LockedError)."""
+    path = tmp_path / "log"
+    with walj.Log.open(path, _fs=_LosesTheMkdirRace()) as log:
+        log.append({"a": 1})
+    assert [r.data for r in walj.read(path)] == [{"a": 1}]
+
+
+class _InterruptedSync(FaultyFS):
+    """The next sync is interrupted (Ctrl-C: KeyboardInterrupt) before its fdatasync runs."""
+
+    interrupt = False
+
+    def sync(self, fd: int) -> None:
+        if self.interrupt:
+            self.interrupt = False
+            raise KeyboardInterrupt
+        super().sync(fd)
+
+
+@pytest.mark.parametrize("sync", ["batch", "never"])
+def test_regression_interrupted_group_sync_counted_as_durable(tmp_path: Path, sync: str) -> None:
+    """The group-commit leader marked its target durable in a `finally` whenever the sync did
+    not raise OSError, so an interrupt (KeyboardInterrupt) before the fdatasync counted as a
+    sync: later sync() calls, and appenders waiting on that round, returned without the bytes
+    being on disk, and a power cut then lost acknowledged records."""
+    path = tmp_path / "log"
+    fs = _InterruptedSync()
+    log = walj.Log.open(path, sync=sync, _fs=fs)
+    fs.interrupt = True
+    with pytest.raises(KeyboardInterrupt):
+        log.append({"a": 1}, durable=True)
+    log.sync()  # returns: record 1 is durable now
+    fs.crash()
+    abandon(log)
+    assert [r.data for r in walj.read(path)] == [{"a": 1}]
+
+
+@pytest.mark.parametrize("sync", ["never", "interval"])
+def test_regression_reordered_unsynced_appends_refuse_reopen(tmp_path: Path, sync: str) -> None:
+    """FORMAT.md allows a crash to persist unsynced appends out of order. When an earlier one
+    was lost (a hole of zeros) and a later one reached the disk, the later line verified after a
+    bad one, so recovery called it damage and refused to reopen (CorruptionError) after an
+    ordinary power cut. Nothing from the hole on was ever acknowledged as durable."""
+    path = tmp_path / "log"
+    log = walj.Log.open(path, sync=sync, sync_interval_ms=60_000)
+    log.append({"n": 0}, durable=True)
+    for n in range(1, 4):
+        log.append({"n": n, "pad": "x" * 40})
+    abandon(log)
+    # The power cut: the first unsynced append never reached the disk; the two after it did.
+    segment = sorted(path.glob("seg-*.jsonl"))[-1]
+    lines = segment.read_bytes().splitlines(keepends=True)
+    lines[2] = b"\0" * len(lines[2])
+    segment.write_bytes(b"".join(lines))
+    with walj.Log.open(path) as reopened:
+        assert reopened.last_seq == 1
+        assert reopened.torn_tail is not None
+        reopened.append({"n": "after"})
+    assert [r.data["n"] for r in walj.read(path)] == [0, "after"]
+    assert walj.verify(path).ok
+
+
+def test_regression_enospc_on_the_final_sync_is_not_disk_full(tmp_path: Path) -> None:
+    """close() syncs what sync="never" left unsynced; when that sync failed with ENOSPC it
+    raised a plain PoisonedError, where every other ENOSPC gives DiskFullError."""
+    fs = FaultyFS()
+    log = walj.Log.open(tmp_path / "log", sync="never", _fs=fs)
+    log.append({"a": 1})
+    fs.fail("sync", 1, errno.ENOSPC)
+    with pytest.raises(walj.DiskFullError):
+        log.close()
+
+
+def test_regression_hole_before_an_unsynced_seal(tmp_path: Path) -> None:
+    """A power cut during a rotation, before the seal's sync: the seal line reached the disk,
+    an earlier unsynced append did not (a hole of zeros), and the next segment was never made.
+    The hole rule let only torn lines and a seq gap follow the hole, so the seal's
+    seal_mismatch made recovery refuse to reopen; and once the tail is cut, the segment must be
+    resumed as unsealed, not continued after the seal's last seq."""
+    path = tmp_path / "log"
+    log = walj.Log.open(path, sync="never", segment_bytes=1024)
+    log.append({"n": 0}, durable=True)
+    n = 1
+    while len(list(path.glob("seg-*.jsonl"))) < 2:
+        log.append({"n": n, "pad": "x" * 40})
+        n += 1
+    abandon(log)
+    # The crash state: no second segment; in the first, the append after the durable one lost.
+    sorted(path.glob("seg-*.jsonl"))[1].unlink()
+    first = sorted(path.glob("seg-*.jsonl"))[0]
+    lines = first.read_bytes().splitlines(keepends=True)
+    assert b'"seal"' in lines[-1]
+    lines[2] = b"\0" * len(lines[2])
+    first.write_bytes(b"".join(lines))
+    with walj.Log.open(path, segment_bytes=1024) as reopened:
+        assert reopened.last_seq == 1
+        reopened.append({"n": "after"})
+    assert [r.data["n"] for r in walj.read(path)] == [0, "after"]
+    with walj.Log.open(path, segment_bytes=1024) as reopened:
+        assert reopened.last_seq == 2
+    assert walj.verify(path).ok
