@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from . import _format as fmt
+from ._format import Header
 from ._fs import DEFAULT_FS, FileSystem
 from ._segment import Problem, SegmentScan, read_header
 from .errors import CorruptionError, UnsupportedVersionError
@@ -131,9 +132,8 @@ class LogScan:
             if index != prev_index + 1:
                 self._report(Problem(name, 0, expected_seq, "missing_segment",
                                      f"segment {prev_index + 1} is missing before {name}"))
-            if not final and self.start_seq and self._skippable(listed[i + 1][1]):
-                nxt = read_header(self.fs, self.directory, listed[i + 1][1])
-                assert nxt is not None
+            nxt = self._next_if_skippable(listed[i + 1][1]) if not final else None
+            if nxt is not None:
                 prev_index, prev_seal, expected_seq = index, nxt.prev_seal, nxt.first_seq
                 self.segments.append(name)
                 i += 1
@@ -173,9 +173,12 @@ class LogScan:
         seg.reported = len(seg.problems)
         return True
 
-    def _skippable(self, next_name: str) -> bool:
+    def _next_if_skippable(self, next_name: str) -> Header | None:
+        """The next segment's header when reading from start_seq need not read this one."""
+        if not self.start_seq:
+            return None
         header = read_header(self.fs, self.directory, next_name)
-        return header is not None and header.first_seq <= self.start_seq
+        return header if header is not None and header.first_seq <= self.start_seq else None
 
     def _check_header(self, seg: SegmentScan, index: int, prev_seal: str) -> None:
         header = seg.header
