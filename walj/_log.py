@@ -162,27 +162,12 @@ class Log(Durability):
     def _append_one(self, record: dict[str, Any], durable: bool) -> int:
         data = encode_record(record)
         if len(data) > self._max_record:
-            raise RecordTooLargeError(
-                f"record is {len(data)} bytes; max_record_bytes is {self._max_record}")
+            raise self._too_large(data)
         with self._lock:
             if self._unusable:
                 self._check_usable()
             seq = self._next_seq
-            line = frame_record(seq, data)
-            try:
-                written = self._os_write(self._fd, line)
-                if written != len(line):
-                    write_all(self._fs, self._fd, line[written:])
-            except OSError as exc:
-                raise self._poison(exc) from exc
-            self._offset += len(line)
-            self._hash_update(line)
-            self._next_seq = seq + 1
-            self._segment_records += 1
-            if self._offset >= self._segment_bytes:
-                self._rotate()
-            elif self._always:
-                self._sync_locked()
+            self._write(frame_record(seq, data), 1)
         if durable and seq > self._durable_seq:
             self._wait_durable(seq)
         return seq
@@ -190,35 +175,41 @@ class Log(Durability):
     def append_many(self, records: Iterable[dict[str, Any]], *,
                     durable: bool = False) -> list[int]:
         """Append records with one write and at most one fsync (plus a rotation's own)."""
-        datas = [encode_record(record) for record in records]
-        for data in datas:
-            if len(data) > self._max_record:
-                raise RecordTooLargeError(
-                    f"record is {len(data)} bytes; max_record_bytes is {self._max_record}")
+        datas = [self._encode(record) for record in records]
         if not datas:
             return []
         with self._lock:
             self._check_usable()
             first = self._next_seq
-            batch = b"".join(frame_record(first + i, d) for i, d in enumerate(datas))
-            self._write(batch, len(datas))
-            self._after_write()
+            self._write(b"".join(frame_record(first + i, d) for i, d in enumerate(datas)),
+                        len(datas))
         last = first + len(datas) - 1
         if last > self._durable_seq and (durable or self._batch):
             self._wait_durable(last)
         return list(range(first, last + 1))
 
+    def _encode(self, record: dict[str, Any]) -> bytes:
+        data = encode_record(record)
+        if len(data) > self._max_record:
+            raise self._too_large(data)
+        return data
+
+    def _too_large(self, data: bytes) -> RecordTooLargeError:
+        return RecordTooLargeError(
+            f"record is {len(data)} bytes; max_record_bytes is {self._max_record}")
+
     def _write(self, data: bytes, count: int) -> None:
+        """With the lock held: one write of `count` framed records, then rotate or sync."""
         try:
-            write_all(self._fs, self._fd, data)
+            written = self._os_write(self._fd, data)
+            if written != len(data):
+                write_all(self._fs, self._fd, data[written:])
         except OSError as exc:
             raise self._poison(exc) from exc
         self._offset += len(data)
-        self._hash.update(data)
+        self._hash_update(data)
         self._next_seq += count
         self._segment_records += count
-
-    def _after_write(self) -> None:
         if self._offset >= self._segment_bytes:
             self._rotate()
         elif self._always:
