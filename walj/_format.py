@@ -58,13 +58,9 @@ def frame(body: bytes) -> bytes:
     return PREFIX + checksum(body) + b'",' + body + b"\n"
 
 
-def data_body(seq: int, data: bytes) -> bytes:
-    return b'"seq":%d,"data":%b}' % (seq, data)
-
-
 def frame_record(seq: int, data: bytes) -> bytes:
-    """The whole line for record `seq` whose JSON is `data` (frame(data_body(...)), inlined
-    because it is the append hot path)."""
+    """The whole line for record `seq` whose JSON is `data`: `frame` with the body inlined,
+    because this is the append hot path."""
     body = b'"seq":%d,"data":%b}' % (seq, data)
     return b'{"xxh64":"%016x",%b\n' % (xxh64_intdigest(body), body)
 

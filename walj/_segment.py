@@ -77,7 +77,6 @@ class SegmentScan:
         self.name = name
         self.path = os.path.join(directory, name)
         self.header: fmt.Header | None = None
-        self.header_error: UnsupportedVersionError | None = None
         self.seal: fmt.Seal | None = None
         self.seal_offset: int | None = None
         self.problems: list[Problem] = []
@@ -89,19 +88,10 @@ class SegmentScan:
         self.size = 0
         self.digest = hashlib.sha256()  # bytes [0, seal or first problem)
         self.valid_after_problem = False
-        self.done = False
         self._hashing = True
         self._buf = b""
         self._pos = 0
         self._hash_from = 0
-
-    @property
-    def first_problem(self) -> Problem | None:
-        return self.problems[0] if self.problems else None
-
-    @property
-    def first_seq(self) -> int | None:
-        return self.header.first_seq if self.header else None
 
     def _problem(self, offset: int, kind: str, detail: str, seq: int | None = None) -> None:
         self.problems.append(Problem(self.name, offset, seq, kind, detail))
@@ -118,7 +108,6 @@ class SegmentScan:
         finally:
             self.fs.close(fd)
         self._check_seal_digest()
-        self.done = True
 
     def _scan(self, fd: int) -> Iterator[tuple[int, bytes]]:
         fs = self.fs
@@ -264,7 +253,6 @@ class SegmentScan:
         try:
             header = fmt.parse_header(line)
         except UnsupportedVersionError as exc:
-            self.header_error = exc
             self._problem(0, "unsupported_version", str(exc))
             return
         if header is None:
