@@ -105,10 +105,6 @@ def make_plain_log(path: Path, count: int, **options: Any) -> None:
             log.append({"i": i, "text": f"record {i}", "pad": "x" * (i % 50)})
 
 
-def segments(path: Path) -> list[Path]:
-    return sorted(p for p in path.iterdir() if p.name.startswith("seg-") and p.suffix == ".jsonl")
-
-
 def snapshot(path: Path) -> dict[str, tuple[int, str]]:
     """Every file under `path` with its mode and content digest: to prove nothing changed."""
     out: dict[str, tuple[int, str]] = {}

@@ -17,9 +17,9 @@ from cli_helpers import (
     make_journal,
     make_plain_log,
     record_offset,
-    segments,
     walj_cli,
 )
+from helpers import segments
 
 PROBLEM_KEYS = {"file", "offset", "seq", "kind", "detail"}
 BLOCKER_KEYS = {"execution_id", "tool", "call_id", "state", "turn_sequence", "arguments_sha256",

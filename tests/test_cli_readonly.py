@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_helpers import ENV, REPO, Run, make_journal, segments, snapshot, walj_cli
+from cli_helpers import ENV, REPO, Run, make_journal, snapshot, walj_cli
+from helpers import segments
 
 # (command, extra arguments, exit code on the blocked session)
 READ_COMMANDS = [

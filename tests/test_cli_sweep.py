@@ -7,7 +7,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from cli_helpers import flip_byte, make_journal, record_offset, segments, walj_cli
+from cli_helpers import flip_byte, make_journal, record_offset, walj_cli
+from helpers import segments
 
 BLOCKED = {"s-017", "s-058", "team/s-133", "s-190"}
 CORRUPT = {"s-003", "s-077", "team/s-121", "s-160", "s-199"}

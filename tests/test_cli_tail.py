@@ -12,7 +12,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from cli_helpers import ENV, REPO, make_plain_log, segments
+from cli_helpers import ENV, REPO, make_plain_log
+from helpers import segments
 
 import walj
 

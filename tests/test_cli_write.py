@@ -17,9 +17,9 @@ from cli_helpers import (
     make_journal,
     make_plain_log,
     record_offset,
-    segments,
     walj_cli,
 )
+from helpers import segments
 
 HOLDER = textwrap.dedent("""
     import sys, time, walj

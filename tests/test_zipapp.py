@@ -19,10 +19,10 @@ from cli_helpers import (
     flip_byte,
     make_journal,
     make_plain_log,
-    segments,
     snapshot,
     walj_cli,
 )
+from helpers import segments
 
 
 @pytest.fixture(scope="module")
