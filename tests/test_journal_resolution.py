@@ -150,7 +150,7 @@ def test_reconcile_hook_settles_with_its_own_actor_and_sees_the_same_idempotency
     [blocker] = asked
     assert blocker.idempotency_key == context.idempotency_key  # equal across the restart
     assert blocker.idempotency_key == idempotency_key(
-        log_id, 1, "call-7", "send", fingerprint({"to": "ann", "token": "secret-value"}))
+        log_id, "call-7", "send", fingerprint({"to": "ann", "token": "secret-value"}))
     assert (blocker.tool, blocker.call_id, blocker.state) == ("send", "call-7", "ambiguous")
     assert blocker.arguments_sha256 == context.arguments_sha256
     assert "secret-value" not in (blocker.arguments_preview or "")

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
 import unicodedata
 from collections.abc import Callable, Iterable
 from functools import lru_cache
 from typing import Any, NamedTuple
 
+from . import _codec
 from .errors import SerializationError
 
 ARGUMENTS_PREVIEW_CHARS = 800
@@ -26,7 +26,8 @@ DEFAULT_REDACT_KEYS: tuple[str, ...] = (
 )
 REDACTED = "[redacted]"
 TRUNCATION_MARKER = "…[truncated]"
-# Deeper structures than this are refused rather than risking a RecursionError mid-walk.
+# Containers inside containers, the value's own included. Below the log's own limit
+# (_codec.MAX_DEPTH), so that arguments and outputs fit inside a journal record.
 MAX_DEPTH = 200
 
 _WHITESPACE = re.compile(r"\s+")
@@ -53,37 +54,45 @@ class Digest(NamedTuple):
 def canonical_json(value: Any) -> str:
     """The canonical JSON text of `value`: sorted keys, compact separators, no ASCII escaping.
 
-    Refused with SerializationError: dict keys that are not strings, NaN and Infinity, integers
-    too long for Python's int-to-str limit, strings with lone surrogates (not UTF-8), nesting
-    deeper than MAX_DEPTH, cycles, and any type other than dict, list, tuple, str, int, float,
-    bool and None. Tuples are arrays, exactly like lists.
+    What it accepts is what the log stores (the one set of rules in walj._codec): dict with
+    str keys, list, tuple (an array, exactly like a list), str, int, float, bool and None,
+    nested at most MAX_DEPTH containers deep; subclasses of these as the base value they hold.
+    Refused with SerializationError, naming what and where: other types (bytes, sets,
+    datetimes, ...), non-string keys, NaN and Infinity, integers of more than 4300 digits,
+    strings with lone surrogates (not UTF-8), deeper nesting and cycles.
     """
-    return _canonical(value, None)[0]
+    return _canonical(value, None, "value")[0]
 
 
 FastEncoder = Callable[[Any], bytes]
 
 
-def _canonical(value: Any, fast: FastEncoder | None) -> tuple[str, str]:
-    """(canonical JSON text, its SHA-256 hex).
+def _canonical(value: Any, fast: FastEncoder | None, root: str) -> tuple[str, str, Any]:
+    """(canonical JSON text, its SHA-256 hex, the value as stored: exact types only).
 
     `fast` may be a sorted-keys compact JSON encoder (msgspec's, passed in by the journal so
     this module needs nothing installed). It is used only for values made of exact str, int
     within 64 bits, bool, None, dict, list and tuple, where its bytes equal the standard
     library's (floats are written differently, so they always take the reference path).
     """
-    plain = _check(value, 0)
-    if fast is not None and plain:
+    plain, flags = _codec.check(value, MAX_DEPTH, root)
+    if fast is not None and not flags:
         try:
-            data = fast(value)
-            return data.decode("utf-8"), hashlib.sha256(data).hexdigest()
-        except Exception:  # lone surrogates and the like: the reference path decides
+            data = fast(plain)
+            return data.decode("utf-8"), hashlib.sha256(data).hexdigest(), plain
+        except Exception:  # lone surrogates, a deep call stack: the reference path decides
             pass
     try:
-        text = _ENCODER.encode(value)
-        return text, hashlib.sha256(text.encode("utf-8")).hexdigest()
-    except (TypeError, ValueError, RecursionError) as exc:  # UnicodeEncodeError is a ValueError
-        raise SerializationError(f"value cannot be stored as JSON: {exc}") from exc
+        try:
+            text = _ENCODER.encode(plain)
+        except RecursionError:  # a deep value on a deep call stack
+            from . import _deepjson  # only now: the forensic rebuild imports a fixed set
+
+            text = _deepjson.dumps(plain, sort_keys=True)
+        data = text.encode("utf-8")
+    except ValueError as exc:  # a lone surrogate (UnicodeEncodeError), an int over the limit
+        _codec.refuse(plain, MAX_DEPTH, root, exc)
+    return text, hashlib.sha256(data).hexdigest(), plain
 
 
 def sha256_text(text: str) -> str:
@@ -92,47 +101,10 @@ def sha256_text(text: str) -> str:
 
 def fingerprint(value: Any) -> str:
     """SHA-256 (hex) over the UTF-8 bytes of canonical_json(value)."""
-    return _canonical(value, None)[1]
+    return _canonical(value, None, "value")[1]
 
 
-_PLAIN_SCALARS = (str, bool, type(None))
 _CONTAINERS = (dict, list, tuple)
-_INT_LIMIT = 2**63
-
-
-def _check(value: Any, depth: int) -> bool:
-    """Refuse what JSON cannot hold; True when the value has only plain types (see _canonical)."""
-    if depth > MAX_DEPTH:
-        raise SerializationError(f"value is nested deeper than {MAX_DEPTH} levels")
-    kind = type(value)
-    if kind in _PLAIN_SCALARS:
-        return True
-    if kind is int:
-        return bool(-_INT_LIMIT <= value < _INT_LIMIT)
-    if isinstance(value, (str, int)) or value is None:
-        return False
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise SerializationError("NaN and Infinity cannot be represented in JSON")
-        return False
-    plain = kind is dict or kind is list or kind is tuple
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if type(key) is not str:
-                if not isinstance(key, str):
-                    raise SerializationError(
-                        f"dict key {key!r} is a {type(key).__name__}; JSON object keys are "
-                        "strings")
-                plain = False
-            if type(item) is not str:  # strings, the commonest values, need no call
-                plain = _check(item, depth + 1) and plain
-        return plain
-    if isinstance(value, (list, tuple)):
-        for item in value:
-            if type(item) is not str:
-                plain = _check(item, depth + 1) and plain
-        return plain
-    raise SerializationError(f"a {type(value).__name__} cannot be represented in JSON")
 
 
 # --- redaction ------------------------------------------------------------------------------
@@ -266,30 +238,38 @@ def preview(text: str, limit: int) -> str:
 def describe_arguments(arguments: Any, limit: int, redactor: Redactor,
                        fast: FastEncoder | None = None) -> Digest:
     """Fingerprint (of the unredacted value) and redacted preview of tool arguments.
-    SerializationError when the arguments cannot be stored as JSON."""
-    text, digest = _canonical(arguments, fast)
-    redacted = redactor.redact(arguments)
-    shown = text if redacted is arguments else canonical_json(redacted)
+    SerializationError when the arguments cannot be stored as JSON (a subclass of it,
+    walj._codec.NestingError, when they are nested deeper than MAX_DEPTH)."""
+    text, digest, plain = _canonical(arguments, fast, "arguments")
+    redacted = redactor.redact(plain)
+    shown = text if redacted is plain else canonical_json(redacted)
     return Digest(digest, preview(shown, limit), len(shown))
 
 
 def describe_output(output: Any, limit: int, redactor: Redactor,
                     fast: FastEncoder | None = None) -> Digest:
-    """Like describe_arguments, but never raises: the handler already ran, and its result must
-    be recorded whatever it is. A string is previewed as its text; a value JSON cannot
-    represent gets no fingerprint and a preview of its repr."""
+    """Like describe_arguments, but never raises an Exception: the handler already ran, and
+    its result must be recorded whatever it is. A string is previewed as its text; a value
+    JSON cannot represent gets no fingerprint and a preview of its repr."""
     if output is None:
         return _NONE_DIGEST
     try:
-        text, digest = _canonical(output, fast)
-    except SerializationError:
-        shown = _safe_repr(output)
-        return Digest(None, preview(shown, limit), len(shown))
-    if isinstance(output, str):
-        return Digest(digest, preview(output, limit), len(output))
-    redacted = redactor.redact(output)
-    shown = text if redacted is output else canonical_json(redacted)
-    return Digest(digest, preview(shown, limit), len(shown))
+        try:
+            text, digest, plain = _canonical(output, fast, "output")
+        except SerializationError:
+            return _unstorable(output, limit)
+        if type(plain) is str:
+            return Digest(digest, preview(plain, limit), len(plain))
+        redacted = redactor.redact(plain)
+        shown = text if redacted is plain else canonical_json(redacted)
+        return Digest(digest, preview(shown, limit), len(shown))
+    except Exception:  # e.g. redaction on a call stack too deep for the value: the output
+        return _unstorable(output, limit)  # is still recorded, as its repr
+
+
+def _unstorable(output: Any, limit: int) -> Digest:
+    shown = _safe_repr(output)
+    return Digest(None, preview(shown, limit), len(shown))
 
 
 _NONE_DIGEST = Digest(hashlib.sha256(b"null").hexdigest(), "null", 4)
@@ -297,7 +277,7 @@ _NONE_DIGEST = Digest(hashlib.sha256(b"null").hexdigest(), "null", 4)
 
 def _safe_repr(value: Any) -> str:
     try:
-        return repr(value)
+        return str.__str__(repr(value))  # a plain str, whatever __repr__ returned
     except Exception:  # a broken __repr__ must not lose the record
         return f"<unrepresentable {type(value).__name__}>"
 
@@ -312,20 +292,16 @@ def describe_error(exc: BaseException, limit: int) -> str:
     return preview(text, limit)
 
 
-def idempotency_key(
-    log_id: str, turn_sequence: int, call_id: str, tool: str, arguments_sha256: str
-) -> str:
-    """Deterministic from its inputs, so a restarted process derives the same key: the first
-    32 hex digits of SHA-256 over the canonical JSON array of the five values."""
+def idempotency_key(log_id: str, call_id: str, tool: str, arguments_sha256: str) -> str:
+    """Deterministic from its inputs, so a restarted process derives the same key, whatever
+    turn the same call is dispatched in again: the first 32 hex digits of SHA-256 over the
+    canonical JSON array [log_id, call_id, tool, arguments_sha256]."""
     for value in (log_id, call_id, tool, arguments_sha256):
         if not isinstance(value, str):
-            raise TypeError("idempotency key parts must be strings and an int turn sequence")
-    if type(turn_sequence) is not int:
-        raise TypeError("turn_sequence must be an int")
+            raise TypeError("idempotency key parts must be strings")
     # Exactly canonical_json of the array, built directly: the parts are known types.
     quote = _quote
-    material = (f"[{quote(log_id)},{turn_sequence},{quote(call_id)},{quote(tool)},"
-                f"{quote(arguments_sha256)}]")
+    material = f"[{quote(log_id)},{quote(call_id)},{quote(tool)},{quote(arguments_sha256)}]"
     try:
         return sha256_text(material)[:32]
     except UnicodeEncodeError as exc:

@@ -66,8 +66,10 @@ def frame_record(seq: int, data: bytes) -> bytes:
 
 
 def encode_record(record: Any) -> bytes:
-    """The JSON bytes of a record's data; SerializationError if it is not a JSON object."""
-    if type(record) is dict or isinstance(record, dict):
+    """The JSON bytes of a record's data; SerializationError, naming what and where, if it is
+    not a dict or holds anything JSON would not give back unchanged (the rules of _codec)."""
+    # By type, not isinstance: an object that only claims dict as its __class__ is not one.
+    if type(record) is dict or issubclass(type(record), dict):
         return _encode(record)
     raise SerializationError(f"a record must be a dict, not {type(record).__name__}")
 
@@ -167,7 +169,11 @@ def parse_header(line: bytes) -> Header | None:
         )
     except (KeyError, TypeError, ValueError):
         return None
-    if header.first_seq < 1 or header.index < 1 or header.max_record_bytes < 1:
+    if header.first_seq < 1 or header.index < 1:
+        return None
+    # Readers hold a line of up to max_record bytes in memory: a forged 2**40 would let one
+    # segment take all of it. No writer can write more than the limit, so more is not a header.
+    if not 1 <= header.max_record_bytes <= MAX_RECORD_BYTES_LIMIT:
         return None
     return header
 

@@ -7,12 +7,91 @@ import os
 import stat
 import sys
 
+from .errors import CorruptionError
+
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+# Opening a FIFO without it waits for the other end: a FIFO named like a segment would hang.
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 FILE_MODE = 0o600
 DIR_MODE = 0o700
+
+
+def not_regular(path: str, st: os.stat_result) -> CorruptionError:
+    """The typed refusal of a directory entry that is not a regular file."""
+    if stat.S_ISLNK(st.st_mode):
+        kind, what = "symlink", "a symbolic link"
+    elif stat.S_ISDIR(st.st_mode):
+        kind, what = "not_a_regular_file", "a directory"
+    elif stat.S_ISFIFO(st.st_mode):
+        kind, what = "not_a_regular_file", "a FIFO"
+    elif stat.S_ISSOCK(st.st_mode):
+        kind, what = "not_a_regular_file", "a socket"
+    else:
+        kind, what = "not_a_regular_file", "a device or other special file"
+    return CorruptionError(f"{path} is {what}, not a regular file: refused",
+                           file=os.path.basename(path), offset=0, kind=kind)
+
+
+def refuse_hard_link(path: str, st: os.stat_result) -> None:
+    """Refuse to write to a file that has other names: `cp -al` copies a log as hard links, and
+    truncating or appending to the copy would change the original too. Readers may read it."""
+    if st.st_nlink > 1:
+        raise CorruptionError(
+            f"{path} has {st.st_nlink} hard links: writing to it would change every other name "
+            "of the same file too (a `cp -al` copy?); refused. Copy the log with `cp -a`.",
+            file=os.path.basename(path), offset=0, kind="hard_link")
+
+
+def open_regular(path: str, flags: int) -> int:
+    """Open `path` only if it is a regular file (never through a symlink), without blocking.
+
+    Anything else raises CorruptionError (kind "symlink" or "not_a_regular_file"): a FIFO would
+    block the open or the first read, a socket or a directory fails with a raw OSError.
+    """
+    try:
+        fd = os.open(path, flags | _NOFOLLOW | _CLOEXEC | _NONBLOCK)
+    except OSError as exc:
+        # ELOOP (a symlink), ENXIO (a socket, or a FIFO opened to write with no reader), EISDIR:
+        # say what stands there rather than passing on the errno.
+        try:
+            st = os.lstat(path)
+        except OSError:
+            raise exc from None
+        if stat.S_ISREG(st.st_mode):
+            raise
+        raise not_regular(path, st) from exc
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise not_regular(path, st)
+        if _NONBLOCK:
+            # No effect on a regular file, cleared so the descriptor is an ordinary one.
+            os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_regular(path: str, limit: int) -> bytes:
+    """At most `limit` bytes from the start of a regular file (refused otherwise, as by
+    open_regular): for the small files a reader opens beside the segments."""
+    fd = open_regular(path, os.O_RDONLY)
+    try:
+        parts: list[bytes] = []
+        left = limit
+        while left > 0:
+            part = os.read(fd, left)
+            if not part:
+                break
+            parts.append(part)
+            left -= len(part)
+        return b"".join(parts)
+    finally:
+        os.close(fd)
 
 
 def _platform_sync(fd: int) -> None:
@@ -35,8 +114,9 @@ class FileSystem:
     """
 
     def open_append(self, path: str) -> int:
-        """Open an existing file for appending; refuses a symlink."""
-        return os.open(path, os.O_WRONLY | os.O_APPEND | _NOFOLLOW | _CLOEXEC)
+        """Open an existing regular file for appending; refuses anything else (see
+        open_regular)."""
+        return open_regular(path, os.O_WRONLY | os.O_APPEND)
 
     def create(self, path: str) -> int:
         """Create a new file (0600) for appending; fails if it exists or is a symlink."""
@@ -44,7 +124,9 @@ class FileSystem:
         return os.open(path, flags, FILE_MODE)
 
     def open_read(self, path: str) -> int:
-        return os.open(path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC)
+        """Open an existing regular file for reading; refuses anything else (see
+        open_regular)."""
+        return open_regular(path, os.O_RDONLY)
 
     def read(self, fd: int, size: int) -> bytes:
         return os.read(fd, size)
@@ -75,6 +157,13 @@ class FileSystem:
 
     def fstat_size(self, fd: int) -> int:
         return os.fstat(fd).st_size
+
+    def fstat(self, fd: int) -> os.stat_result:
+        return os.fstat(fd)
+
+    def stat(self, path: str) -> os.stat_result:
+        """The status of `path` itself (a symlink is not followed)."""
+        return os.lstat(path)
 
     def rename(self, src: str, dst: str) -> None:
         os.rename(src, dst)

@@ -8,7 +8,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType, TracebackType
 from typing import Any
@@ -21,13 +21,20 @@ from ._fingerprint import (
     OUTPUT_PREVIEW_CHARS,
     Redactor,
     describe_arguments,
-    describe_error,
 )
 from ._log import Log
+from ._read import read
 from ._recovery import Recovery, RecoveryState, Resolution
-from ._tools import ERROR_CHARS, Tool, error_result, lookup, normalise_calls, tools_from
-from ._turn import FAST_CANONICAL, LLMCall, Turn
-from .errors import ClosedError, TurnError
+from ._tools import Tool, error_result, lookup, normalise_calls, tools_from
+from ._turn import FAST_CANONICAL, LLMCall, Turn, blocked_record, journal_ambiguous
+from .errors import (
+    ClosedError,
+    PoisonedError,
+    RecordTooLargeError,
+    SerializationError,
+    TurnError,
+    WaljError,
+)
 
 _SESSION_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@+=-]{0,127}")
 
@@ -76,11 +83,23 @@ class ToolJournal:
         self.redactor = redactor
         self.store_arguments = store_arguments
         self.block_on_pending_llm_calls = block_on_pending_llm_calls
-        self._lock = threading.Lock()
+        # Lock order: _write_lock, then _lock. _write_lock is held across every append and
+        # the feed of its record, so the state takes records in seq order, and across a
+        # dispatch's blocked check and its intent, so no intent is written while blocked.
+        self._write_lock = threading.RLock()
+        self._lock = threading.Lock()  # the state and the live sets, for quick readers
         self._resolve_lock = threading.Lock()
         self._live: set[str] = set()
         self._live_llm: set[str] = set()
         self._live_turn: Turn | None = None
+        # Terminal and ambiguous records whose execution already left the live set, written
+        # before anything else under _write_lock (a cancelled task cannot wait for its fsync).
+        self._settlements: list[tuple[str, dict[str, Any]]] = []
+        # Executions whose caller gave up while the intent was still being written: the
+        # record to write once the intent lands (the handler is never called).
+        self._abandoned: dict[str, dict[str, Any]] = {}
+        self._beginning: set[str] = set()  # executions whose intent is being written
+        self._unknown_state: BaseException | None = None  # the state could not be rebuilt
         self._closed = False
 
     @classmethod
@@ -107,21 +126,24 @@ class ToolJournal:
         redactor = Redactor(redact_keys)
         state = RecoveryState()
         log = Log.open(path, _replay=state.feed_json, **log_options)
-        journal = cls(
-            log, state, registry,
-            arguments_chars=preview_chars,
-            output_chars=output_preview_chars,
-            redactor=redactor,
-            store_arguments=bool(store_arguments),
-            block_on_pending_llm_calls=bool(block_on_pending_llm_calls),
-        )
-        if log_options.get("recovery") != "salvage":
-            try:
+        try:
+            journal = cls(
+                log, state, registry,
+                arguments_chars=preview_chars,
+                output_chars=output_preview_chars,
+                redactor=redactor,
+                store_arguments=bool(store_arguments),
+                block_on_pending_llm_calls=bool(block_on_pending_llm_calls),
+            )
+            if log_options.get("recovery") != "salvage":
                 _resolve.settle_automatically(journal)
-            except BaseException:
+            return journal
+        except BaseException:
+            try:
                 log.close()
-                raise
-        return journal
+            except WaljError:
+                pass  # the exception in flight says more
+            raise
 
     @classmethod
     def open_session(
@@ -169,8 +191,19 @@ class ToolJournal:
         }
 
     def is_blocked(self) -> bool:
+        """True while dispatch would refuse: blockers, or a log that can no longer write."""
+        if self._log.poisoned or self._unknown_state is not None:
+            return True
         with self._lock:
             return self._state.is_blocked(**self._live_view())
+
+    def _blocked_now(self) -> tuple[Any, ...] | None:
+        """With _write_lock held: the blockers if dispatch is blocked now, else None."""
+        blockers = None
+        with self._lock:
+            if self._state.is_blocked(**self._live_view()):
+                blockers = self._state.snapshot(**self._live_view()).blockers
+        return blockers
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
@@ -181,45 +214,131 @@ class ToolJournal:
     def _check_open(self) -> None:
         if self._closed:
             raise ClosedError("journal is closed")
+        if self._unknown_state is not None:
+            raise PoisonedError(f"the journal's state could not be rebuilt after an interrupt "
+                                f"({self._unknown_state!r}); reopen it")
 
-    def _write(
-        self,
-        record: dict[str, Any],
-        *,
-        durable: bool,
-        live_add: str | None = None,
-        live_remove: str | None = None,
-        llm_add: str | None = None,
-        llm_remove: str | None = None,
-    ) -> int:
+    def _write(self, record: dict[str, Any], *, durable: bool,
+               on_fed: Callable[[int], None] | None = None) -> int:
         """Append one record and feed it to the recovery state, the same function a reopen uses,
-        so the live view always equals what a replay would rebuild."""
-        try:
-            seq = self._log.append(record, durable=durable)
-            with self._lock:
-                self._state.feed(seq, record)
-                if live_add is not None:
-                    self._live.add(live_add)
-                if llm_add is not None:
-                    self._live_llm.add(llm_add)
-        finally:
-            # Leaving the live set even when the write failed: an execution whose terminal record
-            # is not on disk must block, here as after a restart.
-            if live_remove is not None or llm_remove is not None:
+        so the live view always equals what a replay would rebuild. Anything that stops the
+        two from happening together (an interrupt, a failed write) rebuilds the state from the
+        files. `on_fed(seq)` runs under the state lock once the record is in the state."""
+        with self._write_lock:
+            refused_unwritten = self._log.poisoned  # then append writes nothing
+            try:
+                seq = self._log.append(record, durable=durable)
                 with self._lock:
-                    self._live.discard(live_remove or "")
-                    self._live_llm.discard(llm_remove or "")
-        return seq
+                    self._state.feed(seq, record)
+                    if on_fed is not None:
+                        on_fed(seq)
+            except (SerializationError, RecordTooLargeError, ClosedError):
+                raise  # refused before anything was written
+            except BaseException:
+                if not refused_unwritten:
+                    self._resync()
+                raise
+            return seq
 
-    def _mark_ambiguous(self, execution_id: str, exc: BaseException) -> None:
-        """Best effort, never raises: the interrupt in flight matters more than this record."""
-        record = {"k": rc.AMBIGUOUS, "v": rc.CONTRACT_VERSION, "id": execution_id, "t": _now(),
-                  "et": type(exc).__name__, "err": describe_error(exc, ERROR_CHARS)}
+    def _resync(self) -> None:
+        """With _write_lock held: rebuild the state from the log's files. A record the log may
+        or may not have written is then in the state exactly when it is in the file."""
+        if self._unknown_state is not None:
+            return
+        state = RecoveryState()
         try:
-            self._write(record, durable=True, live_remove=execution_id)
-        except BaseException:  # noqa: B036 - a second interrupt or a dead log: the blocker stays
-            with self._lock:
+            for record in read(self._log.path):
+                state.feed(record.seq, record.data)
+        except Exception as exc:  # damaged meanwhile: fail closed, refuse work until reopened
+            self._unknown_state = exc
+            return
+        except BaseException as exc:  # a second interrupt: fail closed, and let it go on
+            self._unknown_state = exc
+            raise
+        with self._lock:
+            self._state = state
+
+    def _begin(self, started: dict[str, Any], execution_id: str) -> tuple[Any, ...] | None:
+        """Durably write the intent and make the execution live, unless dispatch is blocked:
+        then write tool_execution_blocked and return the blockers. One atomic step."""
+
+        def live(seq: int) -> None:
+            abandoned = self._abandoned.pop(execution_id, None)
+            if abandoned is None:
+                self._live.add(execution_id)
+            else:  # its caller gave up while the intent was written: settle it at once
+                self._settlements.append((execution_id, abandoned))
+
+        with self._write_lock:
+            try:
+                with self._lock:
+                    self._beginning.add(execution_id)
+                self._check_open()
+                self._write_settlements()
+                blockers = self._blocked_now()
+                if blockers is not None:
+                    self._write(blocked_record(started, blockers), durable=False)
+                    return blockers
+                self._write(started, durable=True, on_fed=live)
+                self._write_settlements()
+                return None
+            finally:
+                with self._lock:
+                    self._beginning.discard(execution_id)
+                    self._abandoned.pop(execution_id, None)
+
+    def _end(self, execution_id: str, record: dict[str, Any]) -> None:
+        """Durably write an execution's terminal record; it leaves the live set with it."""
+        with self._write_lock:
+            self._write_settlements()
+            if execution_id not in self._state.executions:
+                return  # a queued copy (its caller was cancelled) landed first
+            self._write(record, durable=True,
+                        on_fed=lambda seq: self._live.discard(execution_id))
+
+    def _settle_later(self, execution_id: str, record: dict[str, Any]) -> None:
+        """Without waiting for any lock but the state's: the execution leaves the live set now
+        (so it blocks here, as after a restart) and `record` is written before anything else.
+        For an execution whose intent is still being written, once it lands."""
+        with self._lock:
+            if execution_id in self._live:
                 self._live.discard(execution_id)
+                self._settlements.append((execution_id, record))
+            elif execution_id in self._state.executions:
+                self._settlements.append((execution_id, record))
+            elif execution_id in self._beginning:
+                self._abandoned[execution_id] = record
+            # else its intent was never written: there is nothing to settle
+
+    def _write_settlements(self) -> None:
+        """With _write_lock held: write the queued records of executions still open. Never a
+        second terminal record: a resolution or terminal that came first wins."""
+        while self._settlements:
+            with self._lock:
+                if not self._settlements:
+                    return
+                execution_id, record = self._settlements[0]
+                still_open = execution_id in self._state.executions
+            if still_open and self._unknown_state is None:
+                self._write(record, durable=True)
+            with self._lock:
+                if self._settlements and self._settlements[0][0] == execution_id:
+                    del self._settlements[0]
+
+    def write_settlements(self) -> None:
+        """Write queued settlements now (from a worker thread); errors stay queued or poison."""
+        with self._write_lock:
+            self._write_settlements()
+
+    def _interrupted(self, execution_id: str, exc: BaseException) -> None:
+        """An interrupt or failure between an intent and its terminal record: the execution
+        blocks from now on, and tool_execution_ambiguous is written (best effort, never
+        raises: the interrupt in flight matters more than this record)."""
+        self._settle_later(execution_id, journal_ambiguous(execution_id, exc))
+        try:
+            self.write_settlements()
+        except BaseException:  # noqa: B036 - a second interrupt or a dead log: the blocker stays
+            pass
 
     # --- turns and LLM calls --------------------------------------------------------------------
 
@@ -229,30 +348,49 @@ class ToolJournal:
         return Turn(self)
 
     def _start_turn(self, turn: Turn) -> int:
-        self._check_open()
-        with self._lock:
-            if self._live_turn is not None:
-                raise TurnError(f"turn {self._live_turn.sequence} is still live; turns do not nest")
-            sequence = self._state.max_turn + 1
-            self._live_turn = turn
-        try:
-            self._write({"k": rc.TURN_STARTED, "v": rc.CONTRACT_VERSION, "turn": sequence,
-                         "t": _now()}, durable=False)
-        except BaseException:
+        """Make `turn` the live turn and write turn_started. The number and the record are
+        taken under _write_lock, so a turn abandoned mid-write can never share its number."""
+        with self._write_lock:
+            self._check_open()
             with self._lock:
+                if self._live_turn is not None:
+                    raise TurnError(f"turn {self._live_turn.sequence} is still live; turns do "
+                                    "not nest")
+                if turn._abandoned:
+                    raise TurnError("the turn was abandoned before it started")
+                sequence = self._state.max_turn + 1
+                turn.sequence = sequence
+                self._live_turn = turn
+            try:
+                self._write({"k": rc.TURN_STARTED, "v": rc.CONTRACT_VERSION, "turn": sequence,
+                             "t": _now()}, durable=False)
+            except BaseException:
+                self._release_turn(turn)
+                raise
+            with self._lock:
+                if turn._abandoned and self._live_turn is turn:
+                    self._live_turn = None  # its caller was cancelled while we wrote
+            return sequence
+
+    def _release_turn(self, turn: Turn) -> None:
+        with self._lock:
+            turn._abandoned = True
+            if self._live_turn is turn:
                 self._live_turn = None
-            raise
-        return sequence
 
     def _end_turn(self, turn: Turn, completed: bool) -> None:
+        """Write turn_completed (if completed) and end the turn. Only while it is still the
+        live turn: once a cancelled exit released it, a later turn may have started, which
+        this completion would pair with instead."""
         try:
-            if completed:
-                self._write({"k": rc.TURN_COMPLETED, "v": rc.CONTRACT_VERSION,
-                             "turn": turn.sequence, "t": _now()}, durable=False)
-        finally:
-            with self._lock:
-                if self._live_turn is turn:
-                    self._live_turn = None
+            with self._write_lock:
+                if completed and self._live_turn is turn:
+                    self._write({"k": rc.TURN_COMPLETED, "v": rc.CONTRACT_VERSION,
+                                 "turn": turn.sequence, "t": _now()}, durable=False)
+                self._release_turn(turn)
+        except BaseException:
+            self._release_turn(turn)
+            raise
 
     def llm_call(self, *, model: str | None = None, request: Any = None) -> LLMCall:
         """`with journal.llm_call(model=..., request=...) as call:` then `call.finish(response)`.
@@ -265,16 +403,14 @@ class ToolJournal:
         self, calls: Sequence[Any], registry: Any = None
     ) -> list[dict[str, Any]]:
         """Dispatch each call durably (in the live turn, or in a turn of its own) and return
-        dicts with exactly the keys name, call_id, arguments, output and error. Arguments that
-        cannot be stored raise SerializationError before any call is dispatched."""
+        dicts with exactly the keys name, call_id, arguments, output and error. A call whose
+        arguments are invalid JSON, nested too deeply, or JSON text that cannot be stored gets
+        an error result; other arguments that cannot be stored raise SerializationError
+        before any call is dispatched."""
         self._check_open()
-        normalised = normalise_calls(calls)
-        digests = [
-            None if call.problem is not None
-            else describe_arguments(call.arguments, self.arguments_chars, self.redactor,
-                                    FAST_CANONICAL)
-            for call in normalised
-        ]
+        normalised = normalise_calls(calls, lambda arguments: describe_arguments(
+            arguments, self.arguments_chars, self.redactor, FAST_CANONICAL))
+        digests = [call.digest for call in normalised]
         live = self._live_turn
         if live is not None:
             return self._run_calls(live, normalised, digests, registry)
@@ -324,14 +460,24 @@ class ToolJournal:
     # --- closing --------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Close the log (syncing what was appended). Idempotent."""
-        self._closed = True
-        if not self._log.closed:
-            self._log.close()
+        """Write what is queued, then close the log (syncing what was appended). Idempotent;
+        raises PoisonedError (once) if the log was poisoned."""
+        try:
+            if not self._closed:
+                with self._write_lock:
+                    if self._unknown_state is None and not self._log.poisoned:
+                        self._write_settlements()
+        finally:
+            self._closed = True
+            self._log.close()  # idempotent: a second call finishes one an interrupt stopped
 
     def __enter__(self) -> ToolJournal:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        self.close()
+        try:
+            self.close()
+        except WaljError:
+            if exc is None:
+                raise  # else the exception in flight (often the cause) goes on unmasked

@@ -6,24 +6,48 @@ import hashlib
 import os
 import threading
 import time
+import warnings
+import weakref
 from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from . import _format as fmt
-from ._durability import Durability
+from ._durability import Durability, interval_loop, io_failure
 from ._format import encode_record, frame_record
 from ._fs import DEFAULT_FS, FileSystem, write_all
-from ._lock import WriterLock
+from ._lock import WriterLock, forget_open_directories
 from ._opening import Replay, check_options, prepare_directory, recover
 from ._quarantine import Quarantined
 from ._segment import Problem, SegmentScan
 from .errors import PoisonedError, RecordTooLargeError
 
+_REHASH_BYTES = 1 << 20
+_open_logs: weakref.WeakSet[Log] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    # The child shares the parent's file descriptors and lock: two writers would both
+    # acknowledge the same seqs. Every log open in the parent refuses work in the child.
+    for log in list(_open_logs):
+        log._forked = True
+        log._unusable = True
+    forget_open_directories()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
 
 class Log(Durability):
-    """An open write-ahead log. Use `Log.open`; a `Log` is a context manager."""
+    """An open write-ahead log. Use `Log.open`; a `Log` is a context manager.
+
+    Interrupt safety: an exception (KeyboardInterrupt, SystemExit) landing anywhere inside a
+    call leaves the handle either usable, with exactly the records the file holds counted, or
+    poisoned. A write it interrupted is settled from the file's size; a rotation it interrupted
+    after the seal reached the file is finished by the next call.
+    """
 
     def __init__(self, directory: str, fs: FileSystem, sync: str, segment_bytes: int,
                  max_record_bytes: int, read_only: bool) -> None:
@@ -46,6 +70,8 @@ class Log(Durability):
         self._hash_update = self._hash.update
         self._segment_records = 0
         self._next_seq = 1
+        self._sealed: tuple[int, int, str] | None = None  # (index, last seq, sha256) mid-rotation
+        self._close_failure: PoisonedError | None = None  # for close() to raise, once
         self._closed = False
         self._log_id = ""
         self._stop = threading.Event()
@@ -71,25 +97,36 @@ class Log(Durability):
     ) -> Log:
         """Open (creating if needed) the log in directory `path`; see docs/FORMAT.md."""
         check_options(sync, segment_bytes, max_record_bytes, recovery, lock_timeout,
-                       sync_interval_ms)
+                      sync_interval_ms)
         fs = _fs or DEFAULT_FS
         directory = os.fspath(path)
         read_only = recovery == "salvage"
-        prepare_directory(fs, directory, create=not read_only)
         log = cls(directory, fs, sync, segment_bytes, max_record_bytes, read_only)
-        if not read_only:
-            log._writer_lock = WriterLock(fs, directory, lock_timeout)
         try:
+            prepare_directory(fs, directory, create=not read_only)
+            if not read_only:
+                log._writer_lock = WriterLock(fs, directory, lock_timeout)
             log._recover(recovery, _replay)
+            if sync == "interval" and not read_only:
+                log._syncer = threading.Thread(
+                    target=interval_loop, args=(weakref.ref(log), log._stop,
+                                                sync_interval_ms / 1000.0),
+                    name=f"walj-sync {directory}", daemon=True)
+                log._syncer.start()
+            _open_logs.add(log)
+            return log
+        except OSError as exc:
+            log._abandon()
+            raise io_failure(directory, exc, "opening") from exc
         except BaseException:
-            log._release()
+            log._abandon()
             raise
-        if sync == "interval" and not read_only:
-            log._syncer = threading.Thread(
-                target=log._interval_loop, args=(sync_interval_ms / 1000.0,),
-                name=f"walj-sync {directory}", daemon=True)
-            log._syncer.start()
-        return log
+
+    def _abandon(self) -> None:
+        """A failed open: release what was taken; there is nothing to sync."""
+        self._closed = self._unusable = True
+        self._stop.set()
+        self._release()
 
     def _recover(self, recovery: str, replay: Replay | None) -> None:
         found = recover(self._fs, self._dir, recovery, replay, writable=not self._read_only)
@@ -116,16 +153,26 @@ class Log(Durability):
             self._hash_update = self._hash.update
             self._offset = last.valid_end
             self._fd = self._fs.open_append(last.path)
+            if last.header.max_record_bytes < self._max_record:
+                # Readers bound each line by its segment header's limit: a record the new,
+                # larger limit admits must go into a segment whose header says so.
+                with self._lock:
+                    self._rotate(force=True)
         self._durable_seq = self._next_seq - 1
 
     def _create_segment(self, index: int, first_seq: int, prev_seal: str) -> None:
-        """Write the header under a temporary name, sync, rename, sync the directory."""
+        """Write the header under a temporary name, sync, rename, sync the directory. Safe to
+        repeat after an interrupt: a leftover temporary or header-only segment is replaced."""
         name = fmt.segment_name(index)
         final = os.path.join(self._dir, name)
         tmp = final + ".tmp"
         header = fmt.Header(fmt.FORMAT_VERSION, self._log_id, index, first_seq, prev_seal,
                             self._max_record, time.time())
         line = fmt.frame(header.body())
+        try:
+            self._fs.unlink(tmp)
+        except FileNotFoundError:
+            pass
         fd = self._fs.create(tmp)
         try:
             write_all(self._fs, fd, line)
@@ -135,12 +182,20 @@ class Log(Durability):
         except BaseException:
             self._fs.close(fd)
             raise
-        self._fd = fd
-        self._index = index
-        self._offset = len(line)
-        self._hash = hashlib.sha256(line)
-        self._hash_update = self._hash.update
-        self._segment_records = 0
+        digest = hashlib.sha256(line)
+        old = self._fd
+        try:
+            self._switch(fd, index, len(line), digest)
+        except BaseException:
+            self._switch(fd, index, len(line), digest)  # an interrupt: the switch completes
+            raise
+        finally:
+            if old >= 0 and old != fd:
+                self._fs.close(old)
+
+    def _switch(self, fd: int, index: int, offset: int, digest: Any) -> None:
+        self._fd, self._index, self._offset, self._segment_records = fd, index, offset, 0
+        self._hash, self._hash_update = digest, digest.update
 
     # --- writing -------------------------------------------------------------------------------
 
@@ -149,15 +204,17 @@ class Log(Durability):
         "batch", or when `durable=True` whatever the sync mode."""
         if not self._batch:
             return self._append_one(record, durable)
-        # Counted in, so that a group sync can wait for the appenders still writing.
-        with self._lock:
-            self._active += 1
+        counted = False
         try:
+            # Counted in, so that a group sync can wait for the appenders still writing.
+            with self._lock:
+                self._active += 1; counted = True  # noqa: E702 - one line: no interrupt between
             return self._append_one(record, True)
         finally:
-            with self._lock:
-                self._active -= 1
-                self._wake_gatherer()
+            if counted:
+                with self._lock:
+                    self._active -= 1
+                    self._wake_gatherer()
 
     def _append_one(self, record: dict[str, Any], durable: bool) -> int:
         data = encode_record(record)
@@ -167,7 +224,7 @@ class Log(Durability):
             if self._unusable:
                 self._check_usable()
             seq = self._next_seq
-            self._write(frame_record(seq, data), 1)
+            self._write(frame_record(seq, data), seq, 1)
         if durable and seq > self._durable_seq:
             self._wait_durable(seq)
         return seq
@@ -179,10 +236,10 @@ class Log(Durability):
         if not datas:
             return []
         with self._lock:
-            self._check_usable()
+            self._ready()
             first = self._next_seq
             self._write(b"".join(frame_record(first + i, d) for i, d in enumerate(datas)),
-                        len(datas))
+                        first, len(datas))
         last = first + len(datas) - 1
         if last > self._durable_seq and (durable or self._batch):
             self._wait_durable(last)
@@ -198,93 +255,212 @@ class Log(Durability):
         return RecordTooLargeError(
             f"record is {len(data)} bytes; max_record_bytes is {self._max_record}")
 
-    def _write(self, data: bytes, count: int) -> None:
-        """With the lock held: one write of `count` framed records, then rotate or sync."""
+    def _write(self, data: bytes, first_seq: int, count: int) -> None:
+        """With the lock held: one write of `count` framed records from `first_seq`, then
+        rotate or sync. The counters are set from values taken before the write, so setting
+        them twice is harmless, and an interrupt is settled from the file's size."""
+        offset, records = self._offset, self._segment_records
         try:
             written = self._os_write(self._fd, data)
             if written != len(data):
                 write_all(self._fs, self._fd, data[written:])
+            self._hash_update(data)
+            self._offset = offset + len(data)
+            self._segment_records = records + count
+            self._next_seq = first_seq + count
         except OSError as exc:
             raise self._poison(exc) from exc
-        self._offset += len(data)
-        self._hash_update(data)
-        self._next_seq += count
-        self._segment_records += count
+        except BaseException:
+            self._settle_interrupted_write(offset, records, first_seq, data, count)
+            raise
         if self._offset >= self._segment_bytes:
             self._rotate()
         elif self._always:
             self._sync_locked()
 
-    def _rotate(self) -> None:
+    def _file_size(self) -> int | None:
+        try:
+            return self._fs.fstat_size(self._fd)
+        except OSError as exc:
+            self._poison(exc)
+            return None
+
+    def _settle_interrupted_write(self, offset: int, records: int, first_seq: int,
+                                  data: bytes, count: int) -> None:
+        """An interrupt inside `_write`: the file says whether the bytes landed. All of them:
+        count them (unacknowledged, like a crash's), rehashing the segment from the file, since
+        the interrupt may have come before or after the running hash took them. None: nothing
+        changed. Part of them: poison, for a reopen to cut the torn line."""
+        size = self._file_size()
+        if size is None or size == offset:
+            return
+        if size != offset + len(data):
+            self._poison_interrupted(f"a write was interrupted after {size - offset} of "
+                                     f"{len(data)} bytes")
+            return
+        try:
+            digest = self._rehash(size)
+        except OSError as exc:
+            self._poison(exc)
+            return
+        self._hash, self._hash_update = digest, digest.update
+        self._offset = size
+        self._segment_records = records + count
+        self._next_seq = first_seq + count
+
+    def _rehash(self, size: int) -> Any:
+        digest = hashlib.sha256()
+        fd = self._fs.open_read(os.path.join(self._dir, fmt.segment_name(self._index)))
+        try:
+            pos = 0
+            while pos < size:
+                chunk = self._fs.pread(fd, min(_REHASH_BYTES, size - pos), pos)
+                if not chunk:
+                    raise OSError(f"segment ended at {pos} of {size} bytes")
+                digest.update(chunk)
+                pos += len(chunk)
+        finally:
+            self._fs.close(fd)
+        return digest
+
+    def _rotate(self, *, force: bool = False) -> None:
         """Seal the active segment and start the next one. Called with the lock held."""
         while self._syncing:
             self._cond.wait()
-        self._check_usable()
+        if self._sealed is None:
+            if not force and self._offset < self._segment_bytes:
+                return  # another appender rotated while this one waited out the sync
+            if self._poisoned is not None or self._closed:
+                self._check_usable()
+            self._write_seal()
+        self._finish_rotation()
+
+    def _write_seal(self) -> None:
+        offset = self._offset
         last_seq = self._next_seq - 1
         seal = fmt.Seal(last_seq, self._segment_records, self._hash.hexdigest())
         line = fmt.frame(seal.body())
+        sealed = (self._index, last_seq, seal.sha256)
         try:
             write_all(self._fs, self._fd, line)
-            self._fs.sync(self._fd)
-            self._fs.close(self._fd)
-            self._fd = -1
-            self._durable_seq = last_seq
-            self._create_segment(self._index + 1, last_seq + 1, seal.sha256)
+            self._sealed = sealed; self._unusable = True  # noqa: E702
         except OSError as exc:
             raise self._poison(exc) from exc
+        except BaseException:
+            size = self._file_size()
+            if size == offset + len(line):
+                self._sealed = sealed; self._unusable = True  # noqa: E702
+            elif size is not None and size != offset:
+                self._poison_interrupted("a seal was interrupted half written")
+            raise
+
+    def _finish_rotation(self) -> None:
+        """With the lock held: if a seal is in the file, sync it and create the next segment.
+        Repeating this after an interrupt redoes at most a sync and a header-only file."""
+        if self._sealed is None:
+            return
+        index, last_seq, sha256 = self._sealed
+        try:
+            if self._index == index and self._fd >= 0:
+                self._fs.sync(self._fd)
+                self._durable_seq = last_seq
+            self._create_segment(index + 1, last_seq + 1, sha256)
+        except OSError as exc:
+            raise self._poison(exc) from exc
+        self._sealed = None
+        self._unusable = self._closed or self._poisoned is not None or self._forked
         self._cond.notify_all()
+
+    def _gone(self) -> str | None:
+        try:
+            if self._fs.fstat(self._fd).st_nlink == 0:
+                return "the active segment was deleted under this writer"
+        except OSError as exc:
+            return f"the active segment cannot be checked: {exc}"
+        lock = self._writer_lock
+        return lock.still_held() if lock is not None else None
 
     # --- failure and closing -------------------------------------------------------------------
 
     def close(self) -> None:
-        """Sync what was appended (in every sync mode), then release the directory."""
+        """Sync what was appended (in every sync mode), then release the directory. Raises
+        PoisonedError (once) if an earlier failure or interrupt poisoned the handle, since
+        records it acknowledged as written may not be durable. If an interrupt stops it, the
+        handle is still open (usable) or closed but not yet released: call close() again."""
         self._stop.set()
-        if self._syncer is not None and self._syncer is not threading.current_thread():
-            self._syncer.join()
-        failure: PoisonedError | None = None
+        syncer = self._syncer
+        if syncer is not None and syncer is not threading.current_thread():
+            syncer.join()
+        if not self._forked:  # a forked child only lets go of the parent's descriptors
+            self._close_locked()
+        self._release()
+        failure, self._close_failure = self._close_failure, None
+        if failure is not None:
+            raise failure
+
+    def _close_locked(self) -> None:
         with self._lock:
             while self._syncing:
                 self._cond.wait()
-            if self._closed and self._fd < 0:
-                self._release()
+            if self._closed:
                 return
-            if self._poisoned is None and self._fd >= 0 and self._durable_seq < self._next_seq - 1:
+            if self._poisoned is not None:
+                self._close_failure = PoisonedError(
+                    f"{self._dir} was poisoned ({self._poisoned}); records after seq "
+                    f"{self._durable_seq} may not be durable")
+            elif self._fd >= 0 and self._durable_seq < self._next_seq - 1:
                 try:
                     self._fs.sync(self._fd)
                     self._durable_seq = self._next_seq - 1
                 except OSError as exc:
-                    failure = self._poison(exc)
-                    failure.__cause__ = exc
-            self._closed = True
-            self._unusable = True
+                    self._close_failure = self._poison(exc)
+                    self._close_failure.__cause__ = exc
+            self._closed = self._unusable = True
             self._cond.notify_all()
-            if self._fd >= 0:
-                fd, self._fd = self._fd, -1
-                try:
-                    self._fs.close(fd)
-                except OSError:
-                    pass  # the data question was settled by the sync above
-        self._release()
-        if failure is not None:
-            raise failure
 
     def _release(self) -> None:
-        if self._fd >= 0:
-            try:
-                self._fs.close(self._fd)
-            except OSError:
-                pass
+        try:
+            self._release_steps()
+        except BaseException:
+            self._release_steps()  # an interrupt stopped it: finish, then let it go on
+            raise
+
+    def _release_steps(self) -> None:
+        """Idempotent. The descriptor is detached before it is closed: an interrupt between
+        the two leaks it, and never makes a later step close another file's."""
+        fd = self._fd
+        if fd >= 0:
             self._fd = -1
-        if self._writer_lock is not None:
-            lock, self._writer_lock = self._writer_lock, None
-            lock.release()
+            try:
+                self._fs.close(fd)
+            except OSError:
+                pass  # the data question was settled by the sync in close()
+        lock = self._writer_lock
+        if lock is not None:
+            lock.release(unlock=not self._forked)
+            self._writer_lock = None
+
+    def __del__(self) -> None:
+        # A log dropped without close() must not hold its directory's lock and a file
+        # descriptor for the life of the process. close() also syncs, as it would have.
+        if getattr(self, "_writer_lock", None) is None and getattr(self, "_fd", -1) < 0:
+            return
+        try:
+            warnings.warn(f"unclosed {self!r}", ResourceWarning, source=self, stacklevel=1)
+            self.close()
+        except Exception:  # noqa: S110 - a finalizer has nobody to report to
+            pass
 
     def __enter__(self) -> Log:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        self.close()
+        try:
+            self.close()
+        except PoisonedError:
+            if exc is None:
+                raise  # else the exception in flight (often the cause) goes on unmasked
 
     # --- what it is ----------------------------------------------------------------------------
 
@@ -309,6 +485,11 @@ class Log(Durability):
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def poisoned(self) -> bool:
+        """True once a failure or interrupt made the handle refuse work; reopen to recover."""
+        return self._poisoned is not None or self._forked
+
     def __repr__(self) -> str:
-        state = "closed" if self._closed else ("poisoned" if self._poisoned else "open")
+        state = "closed" if self._closed else ("poisoned" if self.poisoned else "open")
         return f"<walj.Log {self._dir!r} {state} last_seq={self.last_seq} sync={self._mode!r}>"

@@ -37,22 +37,30 @@ def check_options(sync: str, segment_bytes: int, max_record_bytes: int, recovery
 
 
 def prepare_directory(fs: FileSystem, directory: str, create: bool) -> None:
-    """Refuse a path that is not a directory; create a missing one (0700) and sync its parent."""
+    """Refuse a path that is not a directory; create a missing one (0700), and each missing
+    ancestor, syncing every new directory's parent: a power cut may otherwise drop the tree."""
     if os.path.lexists(directory):
         if not os.path.isdir(directory):
             raise WaljError(f"{directory} exists and is not a directory")
         return
     if not create:
         raise WaljError(f"{directory} does not exist")
-    parent = os.path.dirname(os.path.abspath(directory))
-    os.makedirs(parent, mode=0o700, exist_ok=True)
-    try:
-        fs.mkdir(directory)
-    except FileExistsError:
-        if not os.path.isdir(directory):
-            raise WaljError(f"{directory} exists and is not a directory") from None
-        return  # another opener made it first; the lock decides which of us writes
-    fs.sync_dir(parent)
+    missing: list[str] = []
+    path = os.path.abspath(directory)
+    while not os.path.lexists(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    for path in reversed(missing):  # top down: each parent exists before its child
+        try:
+            fs.mkdir(path)
+        except FileExistsError:
+            if not os.path.isdir(path):
+                raise WaljError(f"{path} exists and is not a directory") from None
+            continue  # another opener made it first; the lock decides which of us writes
+        fs.sync_dir(os.path.dirname(path))
 
 
 @dataclass
@@ -70,11 +78,12 @@ def recover(fs: FileSystem, directory: str, mode: str, replay: Replay | None, *,
             writable: bool) -> Recovered:
     """Scan the whole log (feeding `replay`), then, if writable, cut a torn tail aside."""
     if writable:
-        for name in fs.listdir(directory):
-            if name.endswith(".jsonl.tmp") and fmt.segment_index(name[:-4]) is not None:
-                # A rotation died before its rename: the file holds a header and nothing else.
-                fs.unlink(os.path.join(directory, name))
-                fs.sync_dir(directory)
+        from ._scan import check_for_writer
+
+        for name in check_for_writer(fs, directory):
+            # A rotation died before its rename: the file holds a header and nothing else.
+            fs.unlink(os.path.join(directory, name))
+            fs.sync_dir(directory)
     scan = LogScan(directory, mode=mode, fs=fs)
     # Consumed at C speed: on open, this loop runs once per record of the whole log.
     deque(scan if replay is None else starmap(replay, scan), maxlen=0)

@@ -3,11 +3,14 @@ pending LLM calls and resolutions. Standard library only: the forensic tool runs
 
 from __future__ import annotations
 
+import json
+import math
+import re
 from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
+from . import _codec
 from . import _records as r
-from ._codec import decode
 from ._records import Blocker as Blocker
 from ._records import IncompleteTurn as IncompleteTurn
 from ._records import PendingLLMCall as PendingLLMCall
@@ -29,6 +32,63 @@ _START_ID = len(_STARTED_PREFIX)
 _START_ID_END = _START_ID + _ID_LEN
 _TURN_NO = len(_TURN_STARTED_PREFIX)
 _QUOTE = ord('"')
+_JSON_NUMBER = re.compile(rb"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+# Every field of every record is untrusted: a checksum proves who framed a line, not what is in
+# it. Times before 1970 or after the year 9999 and turn numbers beyond 63 bits are not facts:
+# no walj writes them, and showing them would overflow. They read as unknown (None).
+MAX_TIME = 253402300799.0  # 9999-12-31 23:59:59 UTC
+MAX_TURN = 2**63 - 1
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError("a non-finite number is not JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"number {text[:24]} is out of range")
+    return value
+
+
+def decode_record(data: bytes) -> Any:
+    """Parse a record's JSON bytes strictly, the same way with msgspec or the standard library:
+    ValueError for anything that is not one JSON value, including NaN, Infinity, a number out of
+    range and nesting deeper than the format allows (which would need that much stack)."""
+    if _codec.HAVE_MSGSPEC:
+        value = _codec.decode(data)
+    else:
+        try:  # strict UTF-8 first: given bytes, json.loads would also take UTF-16 and surrogates
+            value = json.loads(data.decode("utf-8"), parse_constant=_no_constant,
+                               parse_float=_finite_float)
+        except RecursionError:  # the codec's own-stack parser, as strict
+            value = _codec.decode(data)
+    if (data.count(b"[") + data.count(b"{") > _codec.MAX_DEPTH
+            and _codec._depth(value) > _codec.MAX_DEPTH):
+        raise ValueError(f"nested more than {_codec.MAX_DEPTH} levels deep")
+    return value
+
+
+def time_of(value: Any) -> float | None:
+    """A record's time, or None when it is not a plausible Unix time."""
+    if type(value) is float:
+        return value if 0.0 <= value <= MAX_TIME else None
+    if type(value) is int and 0 <= value <= MAX_TIME:
+        return float(value)
+    return None
+
+
+def turn_number(value: Any) -> int | None:
+    return value if type(value) is int and 0 < value <= MAX_TURN else None
+
+
+def _show(value: Any) -> str:
+    """A short, safe description of an untrusted value for an error message."""
+    if isinstance(value, str):
+        return repr(value[:40] + ("..." if len(value) > 40 else ""))
+    if type(value) is int and abs(value) < 10**20 or value is None or isinstance(value, bool):
+        return repr(value)
+    return f"a {type(value).__name__}"
 
 
 class OpenExecution:
@@ -40,12 +100,8 @@ class OpenExecution:
 
     def __init__(self, record: Mapping[str, Any] | bytes, seq: int, turn: int | None,
                  open_turn: OpenTurn | None = None) -> None:
-        if isinstance(record, bytes):
-            self._raw: bytes | None = record
-            self._record: Mapping[str, Any] | None = None
-        else:
-            self._raw = None
-            self._record = record
+        self._raw: bytes | None = record if isinstance(record, bytes) else None
+        self._record: Mapping[str, Any] | None = None if isinstance(record, bytes) else record
         self.seq = seq
         self.turn = turn
         self.open_turn = open_turn  # its turn while that is open, to count it there
@@ -58,9 +114,10 @@ class OpenExecution:
         if self._record is None:
             assert self._raw is not None
             try:
-                record = decode(self._raw)
-            except ValueError:
-                record = None
+                record = decode_record(self._raw)
+            except ValueError as exc:
+                raise CorruptionError(f"journal record {self.seq} is not JSON: {exc}",
+                                      seq=self.seq, kind="journal_record") from None
             if not isinstance(record, dict):
                 raise CorruptionError(f"journal record {self.seq} is not a JSON object",
                                       seq=self.seq, kind="journal_record")
@@ -88,8 +145,7 @@ class OpenTurn:
 
 
 def _time(record: Mapping[str, Any]) -> float | None:
-    t = record.get("t")
-    return float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else None
+    return time_of(record.get("t"))
 
 
 def _opt_str(record: Mapping[str, Any], key: str) -> str | None:
@@ -109,23 +165,20 @@ class RecoveryState:
         self.turns: dict[int, OpenTurn] = {}
         self.turn_stack: list[int] = []  # unpaired turn starts, oldest first
         self.llm_calls: dict[str, tuple[Mapping[str, Any], int]] = {}
+        # Pending LLM calls whose started record says `"blocks": true` (written by a journal
+        # opened with block_on_pending_llm_calls=True): they block whatever the reader asks.
+        self.blocking_llm_calls: set[str] = set()
         self.resolutions: list[Resolution] = []
         self.max_turn = 0
         self.top: OpenTurn | None = None  # the latest unpaired turn start
         self.records = 0
         self.last_seq = 0
         self._handlers: dict[str, Callable[[int, Mapping[str, Any]], None]] = {
-            r.TURN_STARTED: self._turn_started,
-            r.TURN_COMPLETED: self._turn_completed,
-            r.TURN_RESOLVED: self._turn_resolved,
-            r.STARTED: self._started,
-            r.FINISHED: self._finished,
-            r.AMBIGUOUS: self._ambiguous,
-            r.BLOCKED: self._ignore,
-            r.RESOLVED: self._resolved,
-            r.RECONCILE_FAILED: self._reconcile_failed,
-            r.LLM_STARTED: self._llm_started,
-            r.LLM_FINISHED: self._llm_finished,
+            r.TURN_STARTED: self._turn_started, r.TURN_COMPLETED: self._turn_completed,
+            r.TURN_RESOLVED: self._turn_resolved, r.STARTED: self._started,
+            r.FINISHED: self._finished, r.AMBIGUOUS: self._ambiguous, r.BLOCKED: self._ignore,
+            r.RESOLVED: self._resolved, r.RECONCILE_FAILED: self._reconcile_failed,
+            r.LLM_STARTED: self._llm_started, r.LLM_FINISHED: self._llm_finished,
             r.LLM_RESOLVED: self._llm_resolved,
         }
 
@@ -163,44 +216,37 @@ class RecoveryState:
             comma = data.find(_TIME_FIELD, _TURN_NO, _TURN_NO + 24)
             digits = data[_TURN_NO:comma]
             if comma > _TURN_NO and digits.isdigit():
-                try:
-                    started_at = float(data[comma + len(_TIME_FIELD) : -1])
-                except ValueError:
-                    pass  # not the plain layout: the general path decides
-                else:
+                number = data[comma + len(_TIME_FIELD) : -1]
+                # Only a plain finite JSON number: float() also takes NaN, inf and 1_0, which the
+                # general path refuses.
+                if _JSON_NUMBER.fullmatch(number) and math.isfinite(started_at := float(number)):
                     self.records += 1
                     self.last_seq = seq
-                    self._open_turn(seq, int(digits), started_at)
+                    self._open_turn(seq, int(digits), time_of(started_at))
                     return
         try:
-            record = decode(data)
+            record = decode_record(data)
         except ValueError as exc:
-            raise CorruptionError(
-                f"journal record {seq} is not JSON: {exc}", seq=seq, kind="journal_record"
-            ) from exc
+            raise CorruptionError(f"journal record {seq} is not JSON: {exc}", seq=seq,
+                                  kind="journal_record") from exc
         self.feed(seq, record)
 
     def feed(self, seq: int, record: Any) -> None:
         """Feed one decoded record. Refuses an unknown contract version or kind (fail closed)."""
         if not isinstance(record, dict):
-            raise CorruptionError(
-                f"journal record {seq} is not a JSON object", seq=seq, kind="journal_record"
-            )
+            raise CorruptionError(f"journal record {seq} is not a JSON object", seq=seq,
+                                  kind="journal_record")
         version = record.get("v")
         if type(version) is not int or version not in r.SUPPORTED_VERSIONS:
             raise UnsupportedVersionError(
-                f"journal record {seq} has contract version {version!r}; this walj knows "
+                f"journal record {seq} has contract version {_show(version)}; this walj knows "
                 f"{', '.join(str(v) for v in sorted(r.SUPPORTED_VERSIONS))} and refuses to guess",
-                seq=seq,
-                kind="unsupported_contract_version",
-            )
-        handler = self._handlers.get(record.get("k"))  # type: ignore[arg-type]
+                seq=seq, kind="unsupported_contract_version")
+        kind = record.get("k")
+        handler = self._handlers.get(kind) if isinstance(kind, str) else None
         if handler is None:
-            raise CorruptionError(
-                f"journal record {seq} has unknown kind {record.get('k')!r}",
-                seq=seq,
-                kind="journal_record",
-            )
+            raise CorruptionError(f"journal record {seq} has unknown kind {_show(kind)}",
+                                  seq=seq, kind="journal_record")
         self.records += 1
         self.last_seq = seq
         handler(seq, record)
@@ -208,10 +254,17 @@ class RecoveryState:
     def _id(self, seq: int, record: Mapping[str, Any]) -> str:
         value = record.get("id")
         if not isinstance(value, str) or not value:
+            raise CorruptionError(f"journal record {seq} ({record.get('k')}) has no id",
+                                  seq=seq, kind="journal_record")
+        return value
+
+    def _text(self, seq: int, record: Mapping[str, Any], key: str, default: Any = None) -> str:
+        """A field a settlement needs (outcome, actor): a string, else the record is refused."""
+        value = record.get(key, default)
+        if not isinstance(value, str):
             raise CorruptionError(
-                f"journal record {seq} ({record.get('k')}) has no id", seq=seq,
-                kind="journal_record",
-            )
+                f"journal record {seq} ({record.get('k')}) has {key} {_show(value)}, not a "
+                "string", seq=seq, kind="journal_record")
         return value
 
     def _ignore(self, seq: int, record: Mapping[str, Any]) -> None:
@@ -221,12 +274,9 @@ class RecoveryState:
         self._open_turn(seq, record.get("turn"), _time(record))
 
     def _open_turn(self, seq: int, sequence: Any, started_at: float | None) -> None:
-        if type(sequence) is not int or sequence in self.turns:
-            raise CorruptionError(
-                f"journal record {seq} starts turn {sequence!r}, which is not a new turn number",
-                seq=seq,
-                kind="journal_record",
-            )
+        if turn_number(sequence) is None or sequence in self.turns:
+            raise CorruptionError(f"journal record {seq} starts turn {_show(sequence)}, which "
+                                  "is not a new turn number", seq=seq, kind="journal_record")
         self.top = self.turns[sequence] = OpenTurn(sequence, seq, started_at)
         self.turn_stack.append(sequence)
         self.max_turn = max(self.max_turn, sequence)
@@ -246,18 +296,15 @@ class RecoveryState:
         turn = self.turns.get(sequence) if type(sequence) is int else None
         if turn is None or turn.resolved:
             return
+        outcome = self._text(seq, record, "o", "resolved")
+        actor = self._text(seq, record, "actor")
         turn.resolved = True
-        self.resolutions.append(
-            Resolution("turn", None, turn.sequence, None, str(record.get("o", "resolved")),
-                       str(record.get("actor")), _opt_str(record, "note"), _time(record), seq)
-        )
+        self.resolutions.append(Resolution("turn", None, turn.sequence, None, outcome, actor,
+                                           _opt_str(record, "note"), _time(record), seq))
 
     def _started(self, seq: int, record: Mapping[str, Any]) -> None:
-        turn_no = record.get("turn")
         self._open_execution(
-            self._id(seq, record),
-            OpenExecution(record, seq, turn_no if type(turn_no) is int else None),
-        )
+            self._id(seq, record), OpenExecution(record, seq, turn_number(record.get("turn"))))
 
     def _open_execution(self, execution_id: str, execution: OpenExecution) -> None:
         self.executions[execution_id] = execution
@@ -289,69 +336,68 @@ class RecoveryState:
             execution.reconcile_error = _opt_str(record, "err")
 
     def _resolved(self, seq: int, record: Mapping[str, Any]) -> None:
-        execution = self.executions.pop(self._id(seq, record), None)
+        execution_id = self._id(seq, record)
+        execution = self.executions.get(execution_id)
         if execution is None:
             return
+        # Checked before the execution is closed: a malformed settlement settles nothing.
+        outcome, actor = self._text(seq, record, "o"), self._text(seq, record, "actor")
+        del self.executions[execution_id]
         # The turn keeps counting this execution as unfinished: its resolution settles the turn.
         self.resolutions.append(
-            Resolution("execution", self._id(seq, record), execution.turn,
-                       _opt_str(execution.record, "tool"), str(record.get("o")),
-                       str(record.get("actor")), _opt_str(record, "note"), _time(record), seq,
-                       record.get("out"))
+            Resolution("execution", execution_id, execution.turn,
+                       _opt_str(execution.record, "tool"), outcome, actor,
+                       _opt_str(record, "note"), _time(record), seq, record.get("out"))
         )
 
     def _llm_started(self, seq: int, record: Mapping[str, Any]) -> None:
+        blocks = record.get("blocks")
+        if blocks is not None and not isinstance(blocks, bool):
+            # Fail closed: a blocking flag that cannot be read must not read as "does not block".
+            raise CorruptionError(f"journal record {seq} has blocks {_show(blocks)}, not a "
+                                  "boolean", seq=seq, kind="journal_record")
         self.llm_calls[self._id(seq, record)] = (record, seq)
+        if blocks:
+            self.blocking_llm_calls.add(self._id(seq, record))
 
     def _llm_finished(self, seq: int, record: Mapping[str, Any]) -> None:
-        self.llm_calls.pop(self._id(seq, record), None)
+        call_id = self._id(seq, record)
+        self.llm_calls.pop(call_id, None)
+        self.blocking_llm_calls.discard(call_id)
 
     def _llm_resolved(self, seq: int, record: Mapping[str, Any]) -> None:
-        entry = self.llm_calls.pop(self._id(seq, record), None)
+        call_id = self._id(seq, record)
+        entry = self.llm_calls.get(call_id)
         if entry is None:
             return
-        turn = entry[0].get("turn")
+        outcome, actor = self._text(seq, record, "o"), self._text(seq, record, "actor")
+        del self.llm_calls[call_id]
+        self.blocking_llm_calls.discard(call_id)
         self.resolutions.append(
-            Resolution("llm_call", self._id(seq, record), turn if type(turn) is int else None,
-                       None, str(record.get("o")), str(record.get("actor")),
-                       _opt_str(record, "note"), _time(record), seq)
+            Resolution("llm_call", call_id, turn_number(entry[0].get("turn")), None, outcome,
+                       actor, _opt_str(record, "note"), _time(record), seq)
         )
 
     # --- reading --------------------------------------------------------------------------------
 
-    def is_blocked(
-        self,
-        *,
-        live_executions: Collection[str] = (),
-        live_turn: int | None = None,
-        live_llm_calls: Collection[str] = (),
-        block_on_pending_llm_calls: bool = False,
-    ) -> bool:
+    def is_blocked(self, *, live_executions: Collection[str] = (), live_turn: int | None = None,
+                   live_llm_calls: Collection[str] = (),
+                   block_on_pending_llm_calls: bool = False) -> bool:
         """The cheap form of `snapshot(...).blocked`, for every dispatch."""
         if len(self.executions) > len(live_executions):
             return True
         if any(eid not in live_executions for eid in self.executions):
             return True
-        if block_on_pending_llm_calls and any(c not in live_llm_calls for c in self.llm_calls):
+        blocking = self.llm_calls if block_on_pending_llm_calls else self.blocking_llm_calls
+        if any(c not in live_llm_calls for c in blocking):
             return True
-        return any(
-            s != live_turn and self.turns[s].interrupted for s in self.turn_stack
-        )
+        return any(s != live_turn and self.turns[s].interrupted for s in self.turn_stack)
 
-    def snapshot(
-        self,
-        *,
-        live_executions: Collection[str] = (),
-        live_turn: int | None = None,
-        live_llm_calls: Collection[str] = (),
-        block_on_pending_llm_calls: bool = False,
-    ) -> Recovery:
+    def snapshot(self, *, live_executions: Collection[str] = (), live_turn: int | None = None,
+                 live_llm_calls: Collection[str] = (),
+                 block_on_pending_llm_calls: bool = False) -> Recovery:
         """The recovery view. Work in flight in this process (`live_*`) is not a blocker."""
-        blockers: list[Blocker] = [
-            self.blocker(eid)
-            for eid in self.executions
-            if eid not in live_executions
-        ]
+        blockers = [self.blocker(eid) for eid in self.executions if eid not in live_executions]
         incomplete: list[IncompleteTurn] = []
         for sequence in self.turn_stack:
             turn = self.turns[sequence]
@@ -365,46 +411,32 @@ class RecoveryState:
         for call_id, (record, seq) in self.llm_calls.items():
             if call_id in live_llm_calls:
                 continue
-            turn_no = record.get("turn")
             call = PendingLLMCall(call_id, _opt_str(record, "model"),
-                                  turn_no if type(turn_no) is int else None, _time(record), seq,
+                                  turn_number(record.get("turn")), _time(record), seq,
                                   _opt_str(record, "sha"), _opt_str(record, "rp"))
             pending.append(call)
-            if block_on_pending_llm_calls:
+            if block_on_pending_llm_calls or call_id in self.blocking_llm_calls:
                 blockers.append(Blocker(call_id, None, None, r.STATE_PENDING_LLM_CALL,
                                         call.turn_sequence, call.request_sha256,
                                         call.request_preview, started_at=call.started_at,
                                         seq=seq))
         blockers.sort(key=lambda b: b.seq)
-        return Recovery(
-            blocked=bool(blockers),
-            blockers=tuple(blockers),
-            incomplete_turns=tuple(incomplete),
-            pending_llm_calls=tuple(pending),
-            resolved=tuple(self.resolutions),
-            records=self.records,
-            last_seq=self.last_seq,
-        )
+        return Recovery(blocked=bool(blockers), blockers=tuple(blockers),
+                        incomplete_turns=tuple(incomplete), pending_llm_calls=tuple(pending),
+                        resolved=tuple(self.resolutions), records=self.records,
+                        last_seq=self.last_seq)
 
     def blocker(self, execution_id: str) -> Blocker:
         """The blocker view of an open execution (KeyError if it is not open)."""
         execution = self.executions[execution_id]
         record = execution.record
         return Blocker(
-            execution_id=execution_id,
-            tool=_opt_str(record, "tool"),
-            call_id=_opt_str(record, "call"),
-            state=execution.state,
-            turn_sequence=execution.turn,
-            arguments_sha256=_opt_str(record, "sha"),
-            arguments_preview=_opt_str(record, "ap"),
-            idempotency_key=_opt_str(record, "ik"),
-            started_at=_time(record),
-            seq=execution.seq,
-            error_type=execution.error_type,
-            reconcile_error=execution.reconcile_error,
-            arguments=record.get("a"),
-        )
+            execution_id=execution_id, tool=_opt_str(record, "tool"),
+            call_id=_opt_str(record, "call"), state=execution.state,
+            turn_sequence=execution.turn, arguments_sha256=_opt_str(record, "sha"),
+            arguments_preview=_opt_str(record, "ap"), idempotency_key=_opt_str(record, "ik"),
+            started_at=_time(record), seq=execution.seq, error_type=execution.error_type,
+            reconcile_error=execution.reconcile_error, arguments=record.get("a"))
 
 
 def rebuild(records: Iterable[tuple[int, Any]]) -> RecoveryState:

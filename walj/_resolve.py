@@ -3,8 +3,8 @@ per-tool on_ambiguous policies. Never a second terminal record."""
 
 from __future__ import annotations
 
-import re
 import time
+import unicodedata
 from typing import TYPE_CHECKING, Any
 
 from . import _records as rc
@@ -19,7 +19,9 @@ if TYPE_CHECKING:
 
 RESOLVE_OUTCOMES = ("succeeded", "failed", "not_performed")
 RECONCILE_ANSWERS = ("succeeded", "not_performed", None)
-_RESERVED_ACTORS = re.compile(r"policy$|reconcile:")
+# Categories refused in an actor: control characters (newlines, escapes that could forge a
+# terminal line), line and paragraph separators, and unpaired surrogates (not text).
+_BAD_ACTOR_CATEGORIES = ("Cc", "Zl", "Zp", "Cs")
 
 
 def _now() -> float:
@@ -27,12 +29,33 @@ def _now() -> float:
 
 
 def check_actor(actor: Any) -> None:
-    if not isinstance(actor, str) or not actor.strip():
+    """Refuse (bad_actor) a missing or empty actor, one with control characters, and one that
+    looks like an automatic actor, `policy` or `reconcile:<tool>`, once it is normalised."""
+    if not issubclass(type(actor), str):
         raise ResolutionError("actor must be a non-empty string naming who resolves",
                               reason="bad_actor")
-    if _RESERVED_ACTORS.match(actor):
-        raise ResolutionError(f"actor {actor!r} is reserved for automatic settlements",
+    text = str.__str__(actor)  # its characters, whatever a str subclass overrides
+    if any(unicodedata.category(ch) in _BAD_ACTOR_CATEGORIES for ch in text):
+        raise ResolutionError(f"actor {text!r} holds control characters, line breaks or "
+                              "unpaired surrogates", reason="bad_actor")
+    shape = _actor_shape(text)
+    if not shape:
+        raise ResolutionError("actor must be a non-empty string naming who resolves",
                               reason="bad_actor")
+    if shape == "policy" or shape.startswith("reconcile:"):
+        raise ResolutionError(f"actor {text!r} looks like {shape!r}, which is reserved for "
+                              "automatic settlements", reason="bad_actor")
+
+
+def _actor_shape(actor: str) -> str:
+    """What an actor reads as, to compare with the reserved names: compatibility forms folded
+    (NFKC: fullwidth letters, ligatures, a fullwidth colon), case folded, and the invisible
+    left out: format characters (category Cf: zero-width spaces and joiners, soft hyphens,
+    direction marks, BOM) and whitespace anywhere, so that `policy ` and
+    `reconcile\\u200b:send_email` read as the automatic actors they imitate."""
+    folded = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", actor).casefold())
+    return "".join(ch for ch in folded
+                   if not ch.isspace() and unicodedata.category(ch) != "Cf")
 
 
 def _check_note(note: Any) -> None:
@@ -60,10 +83,12 @@ def settle(journal: ToolJournal, execution_id: Any, outcome: str, *, note: str |
     """Write the durable resolution of an open execution or LLM call, or refuse."""
     if not isinstance(execution_id, str) or not execution_id:
         raise ResolutionError(f"unknown execution id {execution_id!r}", reason="unknown")
-    state = journal._state
-    # One resolution at a time, so two racing resolvers cannot both pass the check.
-    with journal._resolve_lock:
+    # One resolution at a time, so two racing resolvers cannot both pass the check; under the
+    # write lock, after the queued settlements, so a terminal record already decided wins.
+    with journal._resolve_lock, journal._write_lock:
+        journal._write_settlements()
         with journal._lock:
+            state = journal._state
             if execution_id in journal._live or execution_id in journal._live_llm:
                 raise ResolutionError(f"execution {execution_id} is running in this process",
                                       reason="in_flight")
@@ -77,8 +102,15 @@ def settle(journal: ToolJournal, execution_id: Any, outcome: str, *, note: str |
         }
         if output is not None:
             record["out"] = output
-        journal._write(record, durable=True)
-        return state.resolutions[-1]
+        return _resolution(journal, journal._write(record, durable=True))
+
+
+def _resolution(journal: ToolJournal, seq: int) -> Resolution:
+    """The resolution the record `seq` made (the state object may have been rebuilt)."""
+    for resolution in reversed(journal._state.resolutions):
+        if resolution.seq == seq:
+            return resolution
+    raise AssertionError(f"record {seq} made no resolution")  # pragma: no cover
 
 
 def _not_open(journal: ToolJournal, execution_id: str) -> ResolutionError:
@@ -107,9 +139,9 @@ def resolve_turn(journal: ToolJournal, turn_sequence: Any, *, note: Any,
     _check_note(note)
     if type(turn_sequence) is not int:
         raise ResolutionError(f"unknown turn {turn_sequence!r}", reason="unknown")
-    state = journal._state
-    with journal._resolve_lock:
+    with journal._resolve_lock, journal._write_lock:
         with journal._lock:
+            state = journal._state
             live = journal._live_turn
             if live is not None and live.sequence == turn_sequence:
                 raise ResolutionError(f"turn {turn_sequence} is live", reason="in_flight")
@@ -122,10 +154,10 @@ def resolve_turn(journal: ToolJournal, turn_sequence: Any, *, note: Any,
         if turn.resolved:
             raise ResolutionError(f"turn {turn_sequence} was already resolved",
                                   reason="already_resolved")
-        journal._write({"k": rc.TURN_RESOLVED, "v": rc.CONTRACT_VERSION,
-                        "turn": turn_sequence, "t": _now(), "actor": actor, "note": note},
-                       durable=True)
-        return state.resolutions[-1]
+        seq = journal._write({"k": rc.TURN_RESOLVED, "v": rc.CONTRACT_VERSION,
+                              "turn": turn_sequence, "t": _now(), "actor": actor,
+                              "note": note}, durable=True)
+        return _resolution(journal, seq)
 
 
 def settle_automatically(journal: ToolJournal) -> None:
@@ -139,10 +171,7 @@ def settle_automatically(journal: ToolJournal) -> None:
         eid, name = blocker.execution_id, blocker.tool
         if tool.reconcile is not None:
             try:
-                verdict = tool.reconcile(blocker)
-                if verdict not in RECONCILE_ANSWERS:
-                    raise ValueError(f"reconcile returned {verdict!r}; expected 'succeeded', "
-                                     "'not_performed' or None")
+                verdict = _reconcile_answer(tool.reconcile(blocker))
             except Exception as exc:  # the execution stays ambiguous; the failure is kept
                 journal._write({"k": rc.RECONCILE_FAILED, "v": rc.CONTRACT_VERSION, "id": eid,
                                 "t": _now(), "tool": name,
@@ -158,3 +187,23 @@ def settle_automatically(journal: ToolJournal) -> None:
         elif tool.on_ambiguous == "rerun":
             settle(journal, eid, "rerun", actor="policy",
                    note=f"on_ambiguous='rerun' for tool {name!r}: safe to dispatch again")
+
+
+def _reconcile_answer(verdict: Any) -> str | None:
+    """A reconcile hook's answer as the plain str that is recorded: "succeeded" or
+    "not_performed" given as a str or as a str subclass whose text is exactly that (a
+    str-valued Enum member), or None for unknown. Anything else, a subclass that only compares
+    equal included, raises ValueError, which is recorded as a failed reconcile."""
+    if verdict is None:
+        return None
+    if issubclass(type(verdict), str):
+        text = str.__str__(verdict)  # its characters, whatever its __eq__ claims
+        for answer in RECONCILE_ANSWERS:
+            if answer is not None and text == answer:
+                return answer
+    try:
+        shown = repr(verdict)[:200]
+    except Exception:  # a broken __repr__: the type still says what came back
+        shown = f"a {type(verdict).__name__}"
+    raise ValueError(f"reconcile returned {shown}; expected 'succeeded', 'not_performed' "
+                     "or None")

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
 
 from . import _format as fmt
-from ._format import Header
-from ._fs import DEFAULT_FS, FileSystem
-from ._segment import Problem, SegmentScan, read_header
+from ._fs import DEFAULT_FS, FileSystem, not_regular, refuse_hard_link
+from ._segment import Problem, SegmentScan, read_ends
 from .errors import CorruptionError, UnsupportedVersionError
 
 MODES = ("tolerate_tail", "strict", "salvage")
@@ -50,19 +50,56 @@ AFTER_HOLE = frozenset({"seq_gap", "seal_mismatch"})
 
 
 def list_segments(fs: FileSystem, directory: str) -> tuple[list[tuple[int, str]], list[Problem]]:
-    """Segment files in log order, and a problem for each one that is refused (a symlink)."""
+    """Segment files in log order, and a problem for each entry named like a segment that is
+    refused: a symlink, or anything but a regular file (a FIFO would hang the reader)."""
     found: list[tuple[int, str]] = []
     refused: list[Problem] = []
     for name in fs.listdir(directory):
         index = fmt.segment_index(name)
         if index is None:
             continue
-        if fs.is_symlink(os.path.join(directory, name)):
+        try:
+            mode = fs.stat(os.path.join(directory, name)).st_mode
+        except FileNotFoundError:
+            continue  # removed since the listing (a writer cut a torn header): not there
+        if stat.S_ISLNK(mode):
             refused.append(Problem(name, 0, None, "symlink", "segment is a symbolic link"))
-            continue
-        found.append((index, name))
+        elif not stat.S_ISREG(mode):
+            refused.append(Problem(name, 0, None, "not_a_regular_file",
+                                   f"segment is {_file_type(mode)}, not a regular file"))
+        else:
+            found.append((index, name))
     found.sort()
     return found, refused
+
+
+def check_for_writer(fs: FileSystem, directory: str) -> list[str]:
+    """Before a writer changes anything: refuse a segment with other hard links (appending to
+    it, or cutting its tail, would reach every other name) and a rotation temp file that is not
+    a regular file. Returns the temp files a dead rotation left, which the writer removes."""
+    stale: list[str] = []
+    for name in sorted(fs.listdir(directory)):
+        path = os.path.join(directory, name)
+        if fmt.segment_index(name) is not None:
+            st = fs.stat(path)
+            if stat.S_ISREG(st.st_mode):
+                refuse_hard_link(path, st)  # other kinds: list_segments refuses them
+        elif name.endswith(".jsonl.tmp") and fmt.segment_index(name[:-4]) is not None:
+            st = fs.stat(path)
+            if not stat.S_ISREG(st.st_mode):
+                raise not_regular(path, st)
+            stale.append(name)
+    return stale
+
+
+def _file_type(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "a device or other special file"
 
 
 def corruption(problem: Problem) -> CorruptionError:
@@ -132,9 +169,10 @@ class LogScan:
             if index != prev_index + 1:
                 self._report(Problem(name, 0, expected_seq, "missing_segment",
                                      f"segment {prev_index + 1} is missing before {name}"))
-            nxt = self._next_if_skippable(listed[i + 1][1]) if not final else None
-            if nxt is not None:
-                prev_index, prev_seal, expected_seq = index, nxt.prev_seal, nxt.first_seq
+            skipped = None if final else self._skip(index, name, prev_seal, expected_seq)
+            if skipped is not None:
+                prev_index = index
+                prev_seal, expected_seq = skipped
                 self.segments.append(name)
                 i += 1
                 continue
@@ -173,12 +211,36 @@ class LogScan:
         seg.reported = len(seg.problems)
         return True
 
-    def _next_if_skippable(self, next_name: str) -> Header | None:
-        """The next segment's header when reading from start_seq need not read this one."""
+    def _skip(self, index: int, name: str, prev_seal: str,
+              expected_seq: int | None) -> tuple[str, int] | None:
+        """When reading from start_seq, a sealed segment holding only earlier records is not
+        read: (its seal digest, the next seq), once its header and its seal line pass what a
+        full read checks of them (log id, index, seq continuity, the seal chain; the next
+        segment's header is checked against this seal in turn). None: read it whole, because
+        its records are wanted or because something is amiss, which the full read then reports
+        as it would without start_seq. What only its records show (a digest or a count that
+        does not match them) is left unread."""
         if not self.start_seq:
             return None
-        header = read_header(self.fs, self.directory, next_name)
-        return header if header is not None and header.first_seq <= self.start_seq else None
+        header, seal = read_ends(self.fs, self.directory, name)
+        if header is None or seal is None or header.index != index:
+            return None
+        if header.prev_seal != prev_seal:
+            return None
+        if self.log_id is None:
+            if index == 1 and header.first_seq != 1:
+                return None
+        elif header.log_id != self.log_id:
+            return None
+        if expected_seq is not None and header.first_seq != expected_seq:
+            return None
+        next_seq = header.first_seq + seal.records
+        if seal.records < 0 or (seal.records and seal.last_seq != next_seq - 1):
+            return None
+        if next_seq > self.start_seq:
+            return None  # it holds a wanted record
+        self.log_id = header.log_id
+        return seal.sha256, next_seq
 
     def _check_header(self, seg: SegmentScan, index: int, prev_seal: str) -> None:
         header = seg.header

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from . import _format as fmt
 from ._fs import FileSystem
-from .errors import UnsupportedVersionError
+from .errors import CorruptionError, UnsupportedVersionError
 
 CHUNK_BYTES = 1 << 20
 
@@ -39,6 +39,22 @@ def _has_zero_sector(line: bytes, offset: int) -> bool:
     start = -offset % SECTOR
     return any(line[i : i + SECTOR] == _ZERO_SECTOR
                for i in range(start, len(line) - SECTOR + 1, SECTOR))
+
+
+def _zero_fill(pieces: list[bytes], offset: int) -> bool:
+    """_bad_line_kind's zero test over a line held in pieces (file offset `offset` on), without
+    joining them: a sector may straddle two pieces, so up to a sector is carried across."""
+    if pieces[0][:1] == b"\0":
+        return True
+    carry, at = b"", offset
+    for piece in pieces:
+        data = carry + piece
+        if _has_zero_sector(data, at):
+            return True
+        boundary = (at + len(data)) // SECTOR * SECTOR  # the last sector start in the data
+        keep = max(0, boundary - at)
+        carry, at = data[keep:], at + keep
+    return False
 
 
 def _bad_line_kind(line: bytes, offset: int) -> str:
@@ -89,9 +105,8 @@ class SegmentScan:
         self.digest = hashlib.sha256()  # bytes [0, seal or first problem)
         self.valid_after_problem = False
         self._hashing = True
-        self._buf = b""
+        self._buf = b""  # the buffer being split, and the file offset of its first byte
         self._pos = 0
-        self._hash_from = 0
 
     def _problem(self, offset: int, kind: str, detail: str, seq: int | None = None) -> None:
         self.problems.append(Problem(self.name, offset, seq, kind, detail))
@@ -115,13 +130,20 @@ class SegmentScan:
         frame_head = fmt.PREFIX + b'%016x",'
         body_start = fmt.BODY_START
         start_seq = self.start_seq
-        pos = 0  # file offset of buf[0]
-        buf = b""
+        pos = 0  # file offset of buf[0], and of held[0]
+        # The start of a line whose newline has not been read yet, one piece per read: joined
+        # once when the newline comes, so a long line costs linear time, not a copy per chunk.
+        held: list[bytes] = []
+        held_bytes = 0
+        carry = b""  # what follows a long line in the chunk that ended it
         skipping = False  # inside an oversize line, discarding up to its newline
         while True:
-            chunk = fs.read(fd, CHUNK_BYTES)
-            if not chunk:
-                break
+            if carry:
+                chunk, carry = carry, b""
+            else:
+                chunk = fs.read(fd, CHUNK_BYTES)
+                if not chunk:
+                    break
             if skipping:
                 nl = chunk.find(b"\n")
                 if nl < 0:
@@ -130,11 +152,36 @@ class SegmentScan:
                 pos += nl + 1
                 chunk = chunk[nl + 1 :]
                 skipping = False
-            buf = buf + chunk if buf else chunk
-            lines = buf.split(b"\n")
-            rest = lines.pop()
+            long_line = False
+            if held:
+                nl = chunk.find(b"\n")
+                if nl < 0:
+                    held.append(chunk)
+                    held_bytes += len(chunk)
+                    if held_bytes > self._line_limit():
+                        self._oversize(pos)
+                        pos += held_bytes
+                        held, held_bytes, skipping = [], 0, True
+                    continue
+                if len(held) == 1:  # the usual case: a line cut by the chunk boundary
+                    buf = held[0] + chunk
+                else:
+                    # A line longer than a chunk, joined alone and without its newline
+                    # (_hash_to adds it); the rest of the chunk is split on the next turn.
+                    held.append(chunk[:nl])
+                    buf = b"".join(held)
+                    carry = chunk[nl + 1 :]
+                    long_line = True
+                held, held_bytes = [], 0
+            else:
+                buf = chunk
+            if long_line:
+                lines, rest = [buf], b""
+            else:
+                lines = buf.split(b"\n")
+                rest = lines.pop()
             off = pos
-            self._buf, self._pos, self._hash_from = buf, pos, 0
+            self._buf, self._pos = buf, pos
             fast = self.header is not None and self.seal is None and not self.problems
             expected = self.expected_seq or 0
             tag = b'"seq":%d,"data":' % expected
@@ -166,25 +213,37 @@ class SegmentScan:
                     yield record
             self._settle(count, expected, off)
             if self._hashing:
-                self.digest.update(memoryview(buf)[self._hash_from : off - pos])
+                self._hash_to(off)
+            # Let go of this turn's buffer before the next read, so a long line is held once.
+            self._buf = line = b""
+            del buf, lines
             pos = off
-            buf = rest
-            if len(buf) > self._line_limit():
-                self._problem(pos, "oversize_line", f"no newline within {self._line_limit()} bytes")
-                self._hashing = False
-                skipping = True
-                pos += len(buf)
-                buf = b""
+            if rest:
+                if len(rest) > self._line_limit():
+                    self._oversize(pos)
+                    pos += len(rest)
+                    skipping = True
+                else:
+                    held, held_bytes = [rest], len(rest)
         self._buf = b""
-        if buf:
-            kind = _bad_line_kind(buf, pos)
-            if kind != "zero_fill":
-                kind = "incomplete_line"
+        if held:
+            kind = "zero_fill" if _zero_fill(held, pos) else "incomplete_line"
             self._problem(pos, kind, "last line has no newline (torn or still being written)")
-        self.size = pos + len(buf)
+        self.size = pos + held_bytes
         header_kinds = ("bad_header", "unsupported_version")
         if self.header is None and not any(p.kind in header_kinds for p in self.problems):
             self._problem(0, "bad_header", "segment has no header")
+
+    def _oversize(self, offset: int) -> None:
+        self._problem(offset, "oversize_line", f"no newline within {self._line_limit()} bytes")
+        self._hashing = False
+
+    def _hash_to(self, upto: int) -> None:
+        """Add the bytes of the current buffer up to file offset `upto` to the seal digest."""
+        length = upto - self._pos
+        self.digest.update(memoryview(self._buf)[:length])
+        if length > len(self._buf):  # a long line is held without its newline
+            self.digest.update(b"\n")
 
     def _settle(self, count: int, expected: int | None, off: int) -> None:
         """Carry the fast path's running figures into the attributes."""
@@ -197,7 +256,7 @@ class SegmentScan:
 
     def _stop_hashing(self, upto: int) -> None:
         if self._hashing:
-            self.digest.update(memoryview(self._buf)[self._hash_from : upto - self._pos])
+            self._hash_to(upto)
             self._hashing = False
 
     def _line(self, line: bytes, off: int, end: int, verified: bool) -> tuple[int, bytes] | None:
@@ -291,13 +350,7 @@ class SegmentScan:
                           "segment bytes do not match the SHA-256 in its seal", self.seal.last_seq)
 
 
-def read_header(fs: FileSystem, directory: str, name: str) -> fmt.Header | None:
-    """The verified header of a segment, read without scanning the rest; None if unreadable."""
-    fd = fs.open_read(os.path.join(directory, name))
-    try:
-        head = fs.pread(fd, fmt.HEADER_LINE_LIMIT, 0)
-    finally:
-        fs.close(fd)
+def _header_of(head: bytes) -> fmt.Header | None:
     line = head.split(b"\n", 1)[0]
     if len(line) == len(head) or not fmt.checksum_ok(line):
         return None
@@ -305,3 +358,45 @@ def read_header(fs: FileSystem, directory: str, name: str) -> fmt.Header | None:
         return fmt.parse_header(line)
     except UnsupportedVersionError:
         return None
+
+
+def read_header(fs: FileSystem, directory: str, name: str) -> fmt.Header | None:
+    """The verified header of a segment, read without scanning the rest; None if unreadable
+    (a file that is not a regular one included)."""
+    try:
+        fd = fs.open_read(os.path.join(directory, name))
+    except CorruptionError:
+        return None
+    try:
+        head = fs.pread(fd, fmt.HEADER_LINE_LIMIT, 0)
+    finally:
+        fs.close(fd)
+    return _header_of(head)
+
+
+# A seal line is under 200 bytes (three numbers and a digest); a longer last line is not one.
+SEAL_LINE_LIMIT = 1024
+
+
+def read_ends(fs: FileSystem, directory: str, name: str) -> tuple[fmt.Header | None,
+                                                                  fmt.Seal | None]:
+    """A segment's verified header and, when its last line is a verified seal, that seal: what
+    can be checked of a segment without reading its records. None for what is not there."""
+    fd = fs.open_read(os.path.join(directory, name))
+    try:
+        head = fs.pread(fd, fmt.HEADER_LINE_LIMIT, 0)
+        size = fs.fstat_size(fd)
+        start = max(0, size - SEAL_LINE_LIMIT)
+        tail = fs.pread(fd, size - start, start) if size else b""
+    finally:
+        fs.close(fd)
+    header = _header_of(head)
+    if not tail.endswith(b"\n"):
+        return header, None
+    line_start = tail.rfind(b"\n", 0, len(tail) - 1) + 1
+    if line_start == 0:  # the window holds one line: too long for a seal, or the header
+        return header, None
+    line = tail[line_start:-1]
+    if not fmt.checksum_ok(line):
+        return header, None
+    return header, fmt.parse_seal(line)

@@ -9,9 +9,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ._fingerprint import describe_error
+from ._codec import NestingError
+from ._fingerprint import Digest, describe_error
 from ._recovery import Blocker
-from .errors import ToolBlocked, ToolCancelled, UnknownToolError
+from .errors import SerializationError, ToolBlocked, ToolCancelled, UnknownToolError
 
 if TYPE_CHECKING:
     from ._journal import ToolJournal
@@ -141,19 +142,27 @@ def outcome_of(exc: Exception) -> str:
 
 
 class Call(NamedTuple):
-    """A normalised function call. `problem` is set when the arguments could not be parsed;
-    such a call gets an error result and runs nothing."""
+    """A normalised function call. `problem` is set when the arguments could not be parsed
+    (or, with a journal, stored); such a call gets an error result and runs nothing. `text`:
+    the arguments came as JSON text, from the model. `digest`: their fingerprint and preview,
+    when normalise_calls was given `describe`."""
 
     name: str
     arguments: Any
     call_id: str | None
     problem: str | None
+    text: bool = False
+    digest: Digest | None = None
 
 
 def _get(call: Any, key: str) -> Any:
     if isinstance(call, Mapping):
         return call.get(key)
     return getattr(call, key, None)
+
+
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not JSON")  # Python's json module would take NaN as a float
 
 
 def normalise_call(call: Any, index: int) -> Call:
@@ -172,22 +181,44 @@ def normalise_call(call: Any, index: int) -> Call:
     arguments = _get(source, "arguments")
     if arguments is None or arguments == "":
         return Call(name, {}, call_id, None)
-    if isinstance(arguments, (str, bytes, bytearray)):
+    text = isinstance(arguments, (str, bytes, bytearray))
+    if text:
         try:
-            parsed = json.loads(arguments)
+            parsed = json.loads(arguments, parse_constant=_not_json)
         except ValueError as exc:
-            return Call(name, arguments, call_id, f"arguments are not valid JSON: {exc}")
+            return Call(name, arguments, call_id, f"arguments are not valid JSON: {exc}", True)
+        except RecursionError:  # the model's text, so one call's error, not the batch's
+            return Call(name, arguments, call_id, "arguments are nested too deeply to parse",
+                        True)
         arguments = parsed
     if not isinstance(arguments, Mapping):
         return Call(name, arguments, call_id,
-                    f"arguments must be a JSON object, not {type(arguments).__name__}")
-    return Call(name, dict(arguments), call_id, None)
+                    f"arguments must be a JSON object, not {type(arguments).__name__}", text)
+    return Call(name, dict(arguments), call_id, None, text)
 
 
-def normalise_calls(calls: Sequence[Any] | Any) -> list[Call]:
+def normalise_calls(calls: Sequence[Any] | Any,
+                    describe: Callable[[Any], Digest] | None = None) -> list[Call]:
+    """Every call normalised before any runs. With `describe` (the journal's fingerprint and
+    preview), each call's arguments are described too. Arguments nested too deeply to
+    fingerprint, or sent as JSON text that cannot be stored, make that call's error result,
+    as invalid JSON does; other arguments that cannot be stored (a program passed an object
+    JSON cannot hold) raise SerializationError for the whole batch, before anything ran."""
     if isinstance(calls, (str, bytes, Mapping)) or not isinstance(calls, Sequence):
         raise TypeError("calls must be a list of function calls")
-    return [normalise_call(call, i) for i, call in enumerate(calls)]
+    normalised = [normalise_call(call, i) for i, call in enumerate(calls)]
+    if describe is None:
+        return normalised
+    for index, call in enumerate(normalised):
+        if call.problem is not None:
+            continue
+        try:
+            normalised[index] = call._replace(digest=describe(call.arguments))
+        except SerializationError as exc:
+            if not (call.text or isinstance(exc, NestingError)):
+                raise
+            normalised[index] = call._replace(problem=str(exc))  # names where: arguments[...]
+    return normalised
 
 
 def _registry_dispatch(registry: Any, name: str) -> Callable[..., Any]:

@@ -4,11 +4,10 @@ path, interrupts (sync and async), and LLM-call brackets."""
 from __future__ import annotations
 
 import asyncio
-import functools
 import inspect
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -49,6 +48,22 @@ def _consume(future: asyncio.Future[Any]) -> None:
         future.exception()
 
 
+def _consume_later(future: asyncio.Future[Any] | None) -> None:
+    if future is not None:
+        future.add_done_callback(_consume)
+
+
+async def in_worker(function: Callable[..., Any], *args: Any) -> Any:
+    """Run a blocking journal step in the default executor and await it, shielded: a
+    cancellation does not stop the step, whose outcome is then consumed when it ends."""
+    future = asyncio.get_running_loop().run_in_executor(None, function, *args)
+    try:
+        return await asyncio.shield(future)
+    except BaseException:
+        future.add_done_callback(_consume)
+        raise
+
+
 class _Prepared(NamedTuple):
     name: str
     call_id: str
@@ -65,14 +80,23 @@ class _Prepared(NamedTuple):
 
 class Turn:
     """One agent turn: `with journal.turn() as turn:` or `async with`. Leaving the block
-    normally writes turn_completed; leaving it by an exception leaves the turn incomplete."""
+    normally writes turn_completed; leaving it by an exception leaves the turn incomplete.
+
+    A turn is live exactly while the journal names it as its live turn: there is no second
+    flag for an interrupt to leave out of step. Each step that can be interrupted after it
+    changed that is repeated, idempotently, in an `except` clause.
+    """
 
     def __init__(self, journal: ToolJournal) -> None:
         self._journal = journal
         self.sequence = 0
-        self._live = False
-        self._ended = False
+        self._entered = False
+        self._abandoned = False  # set under the journal's state lock: never (again) live
         self._calls = 0
+
+    @property
+    def _live(self) -> bool:
+        return self._journal._live_turn is self
 
     @property
     def turn_id(self) -> str:
@@ -84,31 +108,47 @@ class Turn:
 
     # --- bracketing -----------------------------------------------------------------------------
 
-    def __enter__(self) -> Turn:
-        if self._live or self._ended:
+    def _enter_once(self) -> None:
+        if self._entered:
             raise TurnError("a Turn object is entered once")
-        self.sequence = self._journal._start_turn(self)
-        self._live = True
-        return self
+        self._entered = True
+
+    def __enter__(self) -> Turn:
+        self._enter_once()
+        try:
+            self._journal._start_turn(self)
+            return self
+        except BaseException:
+            self._journal._release_turn(self)
+            raise
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        self._live = False
-        self._ended = True
-        self._journal._end_turn(self, completed=exc_type is None)
+        try:
+            self._journal._end_turn(self, exc_type is None)
+        except BaseException:
+            self._journal._release_turn(self)
+            raise
 
     async def __aenter__(self) -> Turn:
-        if self._live or self._ended:
-            raise TurnError("a Turn object is entered once")
-        self.sequence = await asyncio.to_thread(self._journal._start_turn, self)
-        self._live = True
-        return self
+        self._enter_once()
+        try:
+            await in_worker(self._journal._start_turn, self)
+            return self
+        except BaseException:
+            # Cancelled (or failed) while turn_started was written: the turn is over now, in
+            # this process; the writer thread sees _abandoned and leaves it so.
+            self._journal._release_turn(self)
+            raise
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
-        self._live = False
-        self._ended = True
-        await asyncio.to_thread(self._journal._end_turn, self, exc_type is None)
+        try:
+            await in_worker(self._journal._end_turn, self, exc_type is None)
+        except BaseException:
+            # The turn ends here and now; turn_completed is written only while it is live.
+            self._journal._release_turn(self)
+            raise
 
     def llm_call(self, *, model: str | None = None, request: Any = None) -> LLMCall:
         self._check_live()
@@ -116,7 +156,7 @@ class Turn:
 
     def _check_live(self) -> None:
         self._journal._check_open()
-        if not self._live:
+        if self._journal._live_turn is not self:
             raise TurnError("dispatch needs a live turn: use `with journal.turn() as turn:`")
 
     # --- preparing ------------------------------------------------------------------------------
@@ -151,9 +191,11 @@ class Turn:
         assert digest.sha256 is not None
         self._calls += 1
         if call_id is None:
-            call_id = f"call-{self._calls}"  # deterministic, so the idempotency key is too
+            # Deterministic, so the idempotency key is too; the turn keeps two turns' n-th
+            # calls apart, since the key itself does not depend on the turn.
+            call_id = f"turn-{self.sequence}-call-{self._calls}"
         execution_id = os.urandom(16).hex()
-        key = idempotency_key(journal.log_id, self.sequence, call_id, name, digest.sha256)
+        key = idempotency_key(journal.log_id, call_id, name, digest.sha256)
         context = ToolContext(execution_id, key, name, call_id, self.sequence, digest.sha256,
                               journal.log_id)
         started: dict[str, Any] = {
@@ -185,10 +227,8 @@ class Turn:
                             prep.execution_id)
         return record, result
 
-    def _blocked(self, prep: _Prepared) -> ToolResult:
-        """No handler runs: record the refusal and tell the caller what blocks."""
-        journal = self._journal
-        blockers = journal.recovery.blockers
+    def _blocked(self, prep: _Prepared, blockers: tuple[Any, ...]) -> ToolResult:
+        """No handler ran: tell the caller what blocks (the blocked record is written)."""
         listed = [
             {"execution_id": b.execution_id, "tool": b.tool, "call_id": b.call_id,
              "state": b.state, "turn_sequence": b.turn_sequence}
@@ -199,13 +239,6 @@ class Turn:
             "were interrupted and may or may not have taken effect. Nothing was run. Resolve "
             "them (journal.resolve / journal.resolve_turn) or answer without tools."
         )
-        record = dict(prep.started)
-        record["k"] = rc.BLOCKED
-        record.pop("ik", None)
-        record.pop("a", None)
-        record["by"] = [b.execution_id for b in blockers if b.execution_id is not None]
-        record["bt"] = [b.turn_sequence for b in blockers if b.execution_id is None]
-        journal._write(record, durable=False)
         output = {"status": BLOCKED_STATUS, "message": message, "ambiguous_executions": listed}
         return ToolResult(prep.name, prep.call_id, prep.arguments, output, message, "blocked",
                           prep.execution_id)
@@ -223,90 +256,115 @@ class Turn:
         journal = self._journal
         if inspect.iscoroutinefunction(prep.tool.handler):
             raise TypeError(f"tool {name!r} is async: use `await turn.adispatch(...)`")
-        if journal.is_blocked():
-            return self._blocked(prep)
         eid = prep.execution_id
-        journal._write(prep.started, durable=True, live_add=eid)
         try:
-            if prep.tool.guard is not None:
-                prep.tool.guard(prep.context)
-            output = invoke(prep.tool, prep.arguments, prep.context)
-            if inspect.isawaitable(output):
-                if inspect.iscoroutine(output):
-                    output.close()  # never started, so nothing ran
-                raise TypeError("the handler returned an awaitable: use turn.adispatch")
-        except Exception as exc:
-            record, result = self._finish(prep, outcome_of(exc), None, exc)
+            blockers = journal._begin(prep.started, eid)
+            if blockers is not None:
+                return self._blocked(prep, blockers)
+            try:
+                if prep.tool.guard is not None:
+                    prep.tool.guard(prep.context)
+                output = invoke(prep.tool, prep.arguments, prep.context)
+                if inspect.isawaitable(output):
+                    if inspect.iscoroutine(output):
+                        output.close()  # never started, so nothing ran
+                    raise TypeError("the handler returned an awaitable: use turn.adispatch")
+            except Exception as exc:
+                record, result = self._finish(prep, outcome_of(exc), None, exc)
+            else:
+                record, result = self._finish(prep, "ok", output, None)
+            journal._end(eid, record)
+            return result
         except BaseException as exc:
-            journal._mark_ambiguous(eid, exc)
+            # Anything between the intent and a durable terminal record (an interrupt, or an
+            # error recording the outcome) leaves the execution ambiguous: it blocks from now
+            # on, here exactly as after a restart.
+            journal._interrupted(eid, exc)
             raise
-        else:
-            record, result = self._finish(prep, "ok", output, None)
-        journal._write(record, durable=True, live_remove=eid)
-        return result
 
     # --- async dispatch -------------------------------------------------------------------------
 
     async def adispatch(self, name: str, arguments: Mapping[str, Any], *,
                         call_id: str | None = None, handler: Any = None) -> ToolResult:
         """As dispatch, awaiting async handlers; every fsync runs in a worker thread. A
-        cancellation while the handler runs writes tool_execution_ambiguous (best effort) and
-        re-raises the original CancelledError."""
+        cancellation while the handler runs makes the execution block at once and writes
+        tool_execution_ambiguous (in a worker), then re-raises the original CancelledError."""
         prep = self._prepare(name, arguments, call_id, handler)
         journal = self._journal
         loop = asyncio.get_running_loop()
-        if journal.is_blocked():
-            return await asyncio.to_thread(self._blocked, prep)
         eid = prep.execution_id
-        intent = loop.run_in_executor(
-            None, functools.partial(journal._write, prep.started, durable=True, live_add=eid))
+        # How far it got, for the one handler below: an interrupt may land on any line, and
+        # every line from the intent's submission on is covered by it (no gap between blocks).
+        stage, record, begin = "intent", None, None
         try:
-            await asyncio.shield(intent)
-        except asyncio.CancelledError:
-            # The intent may still land; then the handler was certainly never called.
-            intent.add_done_callback(functools.partial(self._never_called, prep, loop))
-            raise
-        try:
-            if prep.tool.guard is not None:
-                checked = prep.tool.guard(prep.context)
-                if inspect.isawaitable(checked):
-                    await checked
-            output = invoke(prep.tool, prep.arguments, prep.context)
-            if inspect.isawaitable(output):
-                output = await output
-        except Exception as exc:
-            record, result = self._finish(prep, outcome_of(exc), None, exc)
-        except BaseException as exc:
-            marking = loop.run_in_executor(None, journal._mark_ambiguous, eid, exc)
+            begin = loop.run_in_executor(None, journal._begin, prep.started, eid)
+            blockers = await asyncio.shield(begin)
+            if blockers is not None:
+                return self._blocked(prep, blockers)
+            stage = "handler"
             try:
-                await asyncio.shield(marking)
-            except BaseException:  # noqa: B036 - cancelled again: the write finishes anyway
-                marking.add_done_callback(_consume)
+                if prep.tool.guard is not None:
+                    checked = prep.tool.guard(prep.context)
+                    if inspect.isawaitable(checked):
+                        await checked
+                output = invoke(prep.tool, prep.arguments, prep.context)
+                if inspect.isawaitable(output):
+                    output = await output
+            except Exception as exc:
+                record, result = self._finish(prep, outcome_of(exc), None, exc)
+            else:
+                record, result = self._finish(prep, "ok", output, None)
+            stage = "terminal"
+            # The terminal record goes through the queue too when this task is cancelled
+            # while it is written: the execution blocks at once, and the record lands first.
+            await asyncio.shield(loop.run_in_executor(None, journal._end, eid, record))
+            return result
+        except BaseException as exc:
+            _consume_later(begin)
+            if stage == "intent":  # the handler was never called
+                never_called = asyncio.CancelledError("cancelled before the handler was called")
+                record = self._finish(prep, "cancelled", None, never_called)[0]
+            elif stage == "handler" or record is None:
+                record = journal_ambiguous(eid, exc)
+            journal._settle_later(eid, record)
+            if stage == "intent":  # no waiting for the fsync under way: the queue is enough
+                self._write_settlements_soon(loop)
+            else:
+                await self._write_settlements_shielded(loop)
             raise
-        else:
-            record, result = self._finish(prep, "ok", output, None)
-        finished = loop.run_in_executor(
-            None, functools.partial(journal._write, record, durable=True, live_remove=eid))
-        try:
-            await asyncio.shield(finished)
-        except asyncio.CancelledError:
-            finished.add_done_callback(_consume)
-            raise
-        return result
 
-    def _never_called(self, prep: _Prepared, loop: asyncio.AbstractEventLoop,
-                      intent: asyncio.Future[Any]) -> None:
-        if intent.cancelled() or intent.exception() is not None:
-            return
-        record, _ = self._finish(prep, "cancelled", None,
-                                 asyncio.CancelledError("cancelled before the handler was called"))
-        write = functools.partial(self._journal._write, record, durable=True,
-                                  live_remove=prep.execution_id)
+    def _write_settlements_soon(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
         try:
-            loop.run_in_executor(None, write).add_done_callback(_consume)
-        except RuntimeError:  # the loop is closing: the execution stays a blocker (fail closed)
-            with self._journal._lock:
-                self._journal._live.discard(prep.execution_id)
+            future = loop.run_in_executor(None, self._journal.write_settlements)
+        except RuntimeError:  # the loop is closing: the queue is written by the next call
+            done: asyncio.Future[None] = loop.create_future()
+            done.set_result(None)
+            return done
+        future.add_done_callback(_consume)
+        return future
+
+    async def _write_settlements_shielded(self, loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            await asyncio.shield(self._write_settlements_soon(loop))
+        except BaseException:  # noqa: B036 - cancelled again: the write goes on in its thread
+            pass
+
+
+def journal_ambiguous(execution_id: str, exc: BaseException) -> dict[str, Any]:
+    """The tool_execution_ambiguous record of an interrupt."""
+    return {"k": rc.AMBIGUOUS, "v": rc.CONTRACT_VERSION, "id": execution_id, "t": _now(),
+            "et": type(exc).__name__, "err": describe_error(exc, ERROR_CHARS)}
+
+
+def blocked_record(started: dict[str, Any], blockers: tuple[Any, ...]) -> dict[str, Any]:
+    """The tool_execution_blocked record of a refused call: the intent's fields, no key."""
+    record = dict(started)
+    record["k"] = rc.BLOCKED
+    record.pop("ik", None)
+    record.pop("a", None)
+    record["by"] = [b.execution_id for b in blockers if b.execution_id is not None]
+    record["bt"] = [b.turn_sequence for b in blockers if b.execution_id is None]
+    return record
 
 
 class LLMCall:
@@ -324,17 +382,14 @@ class LLMCall:
         self.response: Any = None
         self.llm_call_id = os.urandom(16).hex()
         self._entered = False
+        self._abandoned = False  # set under the journal's state lock: never (again) live
 
     def finish(self, response: Any) -> None:
         """Keep the response: its fingerprint and preview go into llm_call_finished."""
         self.response = response
 
     def _started(self) -> None:
-        if self._entered:
-            raise TurnError("an LLMCall object is entered once")
         journal = self._journal
-        journal._check_open()
-        self._entered = True
         record: dict[str, Any] = {"k": rc.LLM_STARTED, "v": rc.CONTRACT_VERSION,
                                   "id": self.llm_call_id, "t": _now(),
                                   "turn": self.turn_sequence, "model": self.model}
@@ -342,13 +397,26 @@ class LLMCall:
             digest = describe_output(self.request, journal.arguments_chars, journal.redactor,
                                      FAST_CANONICAL)
             record.update(sha=digest.sha256, rp=digest.preview, rl=digest.length)
-        journal._write(record, durable=False, llm_add=self.llm_call_id)
+        if journal.block_on_pending_llm_calls:
+            record["blocks"] = True  # so a reader without the option knows it blocks
+
+        def live(seq: int) -> None:
+            if not self._abandoned:
+                journal._live_llm.add(self.llm_call_id)
+
+        journal._write(record, durable=False, on_fed=live)
+
+    def _leave(self) -> None:
+        """Not in flight any more, in this process; idempotent."""
+        journal = self._journal
+        with journal._lock:
+            self._abandoned = True
+            journal._live_llm.discard(self.llm_call_id)
 
     def _finished(self, exc: BaseException | None) -> None:
         journal = self._journal
         if exc is not None and not isinstance(exc, Exception):
-            with journal._lock:
-                journal._live_llm.discard(self.llm_call_id)
+            self._leave()  # an interrupt: left pending, as after a crash
             return
         record: dict[str, Any] = {"k": rc.LLM_FINISHED, "v": rc.CONTRACT_VERSION,
                                   "id": self.llm_call_id, "t": _now(),
@@ -359,20 +427,45 @@ class LLMCall:
             digest = describe_output(self.response, journal.output_chars, journal.redactor,
                                      FAST_CANONICAL)
             record.update(os=digest.sha256, op=digest.preview, ol=digest.length)
-        journal._write(record, durable=False, llm_remove=self.llm_call_id)
+        journal._write(record, durable=False)
+        self._leave()
+
+    def _enter_once(self) -> None:
+        if self._entered:
+            raise TurnError("an LLMCall object is entered once")
+        self._journal._check_open()
+        self._entered = True
 
     def __enter__(self) -> LLMCall:
-        self._started()
-        return self
+        self._enter_once()
+        try:
+            self._started()
+            return self
+        except BaseException:
+            self._leave()
+            raise
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        self._finished(exc)
+        try:
+            self._finished(exc)
+        except BaseException:
+            self._leave()
+            raise
 
     async def __aenter__(self) -> LLMCall:
-        await asyncio.to_thread(self._started)
-        return self
+        self._enter_once()
+        try:
+            await in_worker(self._started)
+            return self
+        except BaseException:
+            self._leave()
+            raise
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
-        await asyncio.to_thread(self._finished, exc)
+        try:
+            await in_worker(self._finished, exc)
+        except BaseException:
+            self._leave()
+            raise

@@ -152,8 +152,12 @@ def run_life(path: Path, oracle: Oracle, life: int, rng: random.Random, sync: st
     except SimulatedCrash:
         outcome = "crash"
     except walj.PoisonedError as exc:
+        if log is None:  # open failed, typed, with nothing acknowledged yet
+            outcome = "open failed"
+            TALLY.add(faults=len(fs.injected))
+            forget_locks_of_dead_process(path)
+            return outcome
         outcome = "poisoned"
-        assert log is not None, "PoisonedError from open"
         if plan.kind == "fail" and plan.err == errno.ENOSPC and not fs.dead:
             assert isinstance(exc, walj.DiskFullError), f"ENOSPC gave {exc!r}"
         for call in (lambda: log.append({"x": 1}), log.sync,
@@ -164,11 +168,16 @@ def run_life(path: Path, oracle: Oracle, life: int, rng: random.Random, sync: st
                 pass
             else:
                 raise AssertionError(f"a poisoned log accepted more work after {plan.describe()}")
-        log.close()  # releases the lock; the poisoned handle does not sync
+        closed_before = log.closed  # close() itself may have been what raised
+        try:
+            log.close()  # releases the lock; the poisoned handle does not sync
+        except walj.PoisonedError:
+            pass
+        else:
+            assert closed_before, f"close() of a poisoned log did not raise ({plan.describe()})"
     except OSError as exc:
-        # Raised by open (nothing acknowledged yet); anywhere else it would have poisoned.
-        assert log is None, f"raw OSError out of a call on an open log: {exc!r}"
-        outcome = "open failed"
+        # Every I/O failure is typed, from open too: a raw OSError is a bug.
+        raise AssertionError(f"raw OSError out of walj after {plan.describe()}: {exc!r}") from exc
     if (plan.kind in ("fail", "short then fail") and faults_at_open is not None
             and len(fs.injected) > faults_at_open):
         # A failed write, sync, rename or directory sync on an open log must poison it.

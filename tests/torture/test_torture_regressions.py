@@ -79,17 +79,16 @@ def test_regression_deeply_nested_record(tmp_path: Path) -> None:
         with pytest.raises(walj.SerializationError):
             log.append({"deep": _nested(1200), "none": None})  # the NaN search recursed too
         for record in ({"deep": _nested(980)}, {"deep": _nested(950), "none": None}):
-            try:
-                log.append(record)
-            except walj.SerializationError:
-                pass  # refusing it up front is the other correct answer
-    for frames in (0, 50, 200):
+            with pytest.raises(walj.SerializationError):
+                log.append(record)  # deeper than the 256-level limit: refused up front
+        legal = {"deep": _nested(255), "none": None}  # the record's own dict is level 1
+        log.append(legal)
+    for frames in (0, 50, 200, 850):
         try:
-            _read_from_a_deeper_stack(path, frames)
-        except walj.WaljError:
-            pass
+            back = _read_from_a_deeper_stack(path, frames)
         except RecursionError as exc:
             raise AssertionError(f"RecursionError {frames} frames down") from exc
+        assert [r.data for r in back] == [legal], frames
 
 
 def test_regression_verified_line_that_is_not_json(tmp_path: Path) -> None:

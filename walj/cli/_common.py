@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import socket
 import sys
 import time
@@ -11,8 +13,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import IO, Any
 
 from .. import _format as fmt
+from .._codec import MAX_DEPTH
 from .._fs import DEFAULT_FS
 from .._lock import OWNER_NAME
+from .._recovery import time_of
 from .._scan import LogScan, TornTail
 from .._segment import Problem, read_header
 
@@ -84,17 +88,20 @@ def log_created(path: str, names: Sequence[str]) -> float | None:
         header = read_header(DEFAULT_FS, path, names[0])
     except OSError:
         return None
-    return header.created if header is not None and header.first_seq == 1 else None
+    return time_of(header.created) if header is not None and header.first_seq == 1 else None
 
 
 def last_writer(path: str) -> dict[str, Any] | None:
     """The writer that last took the log's lock, from LOCK.owner (read, never locked), and
     whether that process still runs on this host (None: another host, so unknown)."""
+    from .._fs import read_regular
+    from ..errors import CorruptionError
+
     try:
-        with open(os.path.join(path, OWNER_NAME), encoding="utf-8") as f:
-            info = json.load(f)
+        # Never a blocking open: a FIFO named LOCK.owner would hang `walj inspect`.
+        info = json.loads(read_regular(os.path.join(path, OWNER_NAME), 64 * 1024))
         pid, host, since = int(info["pid"]), str(info["host"]), str(info["since"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, CorruptionError, ValueError, KeyError, TypeError):
         return None
     running: bool | None = None
     if host == socket.gethostname():
@@ -189,14 +196,74 @@ def torn_json(torn: TornTail | None) -> dict[str, Any] | None:
 
 # --- output ---------------------------------------------------------------------------------
 
+# Every string from a log (a tool's output, an exception message, a tool name a model chose, a
+# file name in the directory) is hostile: on a terminal, ESC, C1 and the bidi controls could
+# write the clipboard, retitle the window, clear the screen or reorder what is shown. Lone
+# surrogates cannot be written at all. Text views show each as an escape, `\x1b` or `\u202e`.
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+# JSON already escapes C0; these others are legal raw in a JSON string, so they are escaped too.
+_JSON_UNSAFE = re.compile("[\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def printable(text: str) -> str:
+    """`text` safe for a terminal: every control character shown as an escape. Every text view
+    writes through this (write_lines, table, short, warn, the record rows of dump and tail)."""
+    return _UNSAFE.sub(_escape, text) if _UNSAFE.search(text) else text
+
+
+def json_text(text: str) -> str:
+    """JSON text with DEL, C1, bidi controls and lone surrogates as \\u escapes: the same JSON
+    value, and safe on a terminal. Outside strings JSON has only ASCII, so this is lossless."""
+    return _JSON_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def json_ready(value: Any, depth: int = 0) -> Any:
+    """`value` with what strict JSON cannot hold replaced by null: NaN and Infinity, integers
+    too long to write, and containers nested deeper than a log record may be."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value if value.bit_length() < 10_000 else None
+    if depth >= MAX_DEPTH + 8 and isinstance(value, (dict, list, tuple)):
+        return None
+    if isinstance(value, dict):
+        return {str(k): json_ready(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_ready(v, depth + 1) for v in value]
+    return value
+
 
 def emit_json(value: Any, out: IO[str] | None = None) -> None:
+    """Write `value` as strict JSON: never NaN or Infinity (a strict parser refuses them)."""
     stream = out or sys.stdout
-    stream.write(json.dumps(value, ensure_ascii=False, indent=2, sort_keys=False) + "\n")
+    try:
+        text = json.dumps(value, ensure_ascii=False, indent=2, allow_nan=False)
+    except (ValueError, RecursionError):
+        text = json.dumps(json_ready(value), ensure_ascii=False, indent=2, allow_nan=False)
+    stream.write(json_text(text) + "\n")
 
 
-def clock(t: float | None) -> str:
-    """A Unix time as `YYYY-MM-DD HH:MM:SS` UTC, or '-'."""
+def opt_str(value: Any) -> str | None:
+    """A field that should be a string: itself, or None (unknown) when it is not one."""
+    return value if isinstance(value, str) else None
+
+
+def str_list(value: Any) -> list[str]:
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+
+
+def int_list(value: Any) -> list[int]:
+    return [v for v in value if type(v) is int] if isinstance(value, list) else []
+
+
+def clock(t: Any) -> str:
+    """A Unix time as `YYYY-MM-DD HH:MM:SS` UTC, or '-' (unknown, or no plausible time)."""
+    t = time_of(t)
     if t is None:
         return "-"
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t))
@@ -204,7 +271,7 @@ def clock(t: float | None) -> str:
 
 def duration(seconds: float | None) -> str:
     """A short human duration: 250ms, 4.2s, 3m12s, 5h04m, 2d03h."""
-    if seconds is None:
+    if seconds is None or not math.isfinite(seconds):
         return "-"
     if seconds < 0:
         seconds = 0.0
@@ -227,9 +294,9 @@ def age(t: float | None, now: float) -> float | None:
 
 
 def short(text: Any, width: int) -> str:
-    """One line of at most `width` characters; a cut ends with '…'."""
-    value = "-" if text is None else str(text)
-    value = " ".join(value.split())
+    """One printable line of at most `width` characters; a cut ends with '…'."""
+    value = "-" if text is None else text if isinstance(text, str) else _describe(text)
+    value = printable(" ".join(value.split()))
     if len(value) <= width:
         return value
     return value[: max(0, width - 1)] + "…"
@@ -238,7 +305,7 @@ def short(text: Any, width: int) -> str:
 def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, indent: str = "  ",
           right: Iterable[int] = ()) -> list[str]:
     """Rows aligned under their headers; columns in `right` (indices) align right."""
-    cells = [["-" if c is None else str(c) for c in row] for row in rows]
+    cells = [["-" if c is None else printable(str(c)) for c in row] for row in rows]
     widths = [len(h) for h in headers]
     for row in cells:
         for i, cell in enumerate(row):
@@ -256,7 +323,24 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, indent: str 
 def write_lines(lines: Iterable[str], out: IO[str] | None = None) -> None:
     stream = out or sys.stdout
     for text in lines:
-        stream.write(text + "\n")
+        stream.write(printable(text) + "\n")
+
+
+def warn(text: str) -> None:
+    """One printable line on stderr."""
+    sys.stderr.write(printable(text) + "\n")
+    sys.stderr.flush()
+
+
+def _describe(value: Any) -> str:
+    """A value as text. A container or a number from a record may be too deep or too long for
+    str(), so those are shown as (bounded) JSON."""
+    if isinstance(value, bool) or not isinstance(value, (dict, list, tuple, int, float)):
+        return str(value)
+    try:
+        return json.dumps(json_ready(value), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        return f"<{type(value).__name__}>"
 
 
 def plural(count: int, word: str, words: str | None = None) -> str:

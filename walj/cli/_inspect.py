@@ -9,9 +9,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from .. import _codec
 from .._records import Blocker, Recovery
-from .._recovery import RecoveryState
+from .._recovery import RecoveryState, decode_record, time_of, turn_number
 from .._scan import LogScan
 from ..errors import CorruptionError, UnsupportedVersionError
 from ._common import (
@@ -24,6 +23,7 @@ from ._common import (
     emit_json,
     last_writer,
     log_created,
+    opt_str,
     plural,
     problem_json,
     scan,
@@ -54,9 +54,9 @@ def feed(path: str, log_scan: LogScan, records: Iterator[tuple[int, bytes]],
             for seq, raw in records:
                 feed_json(seq, raw)
         else:
-            decode, feed_one = _codec.decode, state.feed
+            feed_one = state.feed
             for seq, raw in itertools.chain((first,), records):
-                data = decode(raw)
+                data = decode_record(raw)
                 feed_one(seq, data)
                 also(seq, data)
     except UnsupportedVersionError as exc:
@@ -66,6 +66,16 @@ def feed(path: str, log_scan: LogScan, records: Iterator[tuple[int, bytes]],
         damaged = ("; the log is damaged before it: see `walj verify`"
                    if log_scan.problems else "")
         raise CliError(f"{path}: journal record {seq} cannot be read: {exc}{damaged}",
+                       EXIT_PROBLEMS) from None
+
+
+def snapshot(path: str, state: RecoveryState) -> Recovery:
+    """The recovery view; a blocker's started record is decoded only now, so it may be the one
+    that cannot be read."""
+    try:
+        return state.snapshot()
+    except CorruptionError as exc:
+        raise CliError(f"{path}: journal record {exc.seq} cannot be read: {exc}",
                        EXIT_PROBLEMS) from None
 
 
@@ -109,7 +119,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     log_scan, records = scan(path, names, desc="rebuilding")
     state = RecoveryState()
     feed(path, log_scan, records, state)
-    rec = state.snapshot()
+    rec = snapshot(path, state)
     now = time.time()
     created = log_created(path, names)
     report: dict[str, Any] = {
@@ -241,8 +251,8 @@ def _inspect_execution(path: str, names: list[str], wanted: str, as_json: bool) 
         raise CliError(f"{wanted!r} is a prefix of {len(ids)} execution ids: give more of it")
     (execution_id,) = ids
     now = time.time()
-    blocker = next((b for b in state.snapshot().blockers if b.execution_id == execution_id),
-                   None)
+    blocker = next((b for b in snapshot(path, state).blockers
+                    if b.execution_id == execution_id), None)
     started = next((d for _, d in found if d.get("k") == "tool_execution_started"), None)
     first = found[0][1]
     terminal = next((d for _, d in found if d.get("k") in (
@@ -255,17 +265,18 @@ def _inspect_execution(path: str, names: list[str], wanted: str, as_json: bool) 
     elif terminal.get("k") == "tool_execution_blocked":
         status = "refused (dispatch was blocked; nothing ran)"
     elif terminal.get("k") in ("tool_execution_resolved", "llm_call_resolved"):
-        status = f"resolved: {terminal.get('o')} by {terminal.get('actor')}"
+        status = (f"resolved: {opt_str(terminal.get('o')) or '?'} by "
+                  f"{opt_str(terminal.get('actor')) or '?'}")
     else:
-        status = f"finished: {terminal.get('o')}"
+        status = f"finished: {opt_str(terminal.get('o')) or '?'}"
     report = {
         "schema": "walj.execution/1",
         "path": path,
         "execution_id": execution_id,
         "kind": "llm_call" if str(first.get("k", "")).startswith("llm_") else "tool_execution",
-        "tool": first.get("tool"),
-        "call_id": first.get("call"),
-        "turn_sequence": first.get("turn"),
+        "tool": opt_str(first.get("tool")),
+        "call_id": opt_str(first.get("call")),
+        "turn_sequence": turn_number(first.get("turn")),
         "status": status,
         "blocker": None if blocker is None else blocker_json(blocker, now),
         "records": [{"seq": seq, "data": data} for seq, data in found],
@@ -279,11 +290,12 @@ def _inspect_execution(path: str, names: list[str], wanted: str, as_json: bool) 
              f"{report['turn_sequence'] if report['turn_sequence'] is not None else '-'})",
              f"status     {status}"]
     if started is not None:
-        lines.append(f"arguments  sha256:{started.get('sha')}  {short(started.get('ap'), 160)}")
-        lines.append(f"idem. key  {started.get('ik')}")
+        lines.append(f"arguments  sha256:{short(started.get('sha'), 64)}  "
+                     f"{short(started.get('ap'), 160)}")
+        lines.append(f"idem. key  {short(started.get('ik'), 64)}")
     lines += ["", "Records"]
-    rows = [(seq, clock(d.get("t") if isinstance(d.get("t"), (int, float)) else None),
-             short(d.get("k"), KIND_WIDTH), short(summary(d), 100)) for seq, d in found]
+    rows = [(seq, clock(time_of(d.get("t"))), short(d.get("k"), KIND_WIDTH),
+             short(summary(d), 100)) for seq, d in found]
     lines += table(("SEQ", "TIME (UTC)", "KIND", "SUMMARY"), rows, right=(0,))
     write_lines(lines)
     return code

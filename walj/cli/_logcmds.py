@@ -9,9 +9,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import _codec
 from .. import _format as fmt
 from .._quarantine import MANIFEST, QUARANTINE_DIR
+from .._recovery import decode_record, time_of
 from ._common import (
     EXIT_OK,
     EXIT_PROBLEMS,
@@ -19,6 +19,7 @@ from ._common import (
     duration,
     emit_json,
     log_created,
+    opt_str,
     plural,
     problem_json,
     scan,
@@ -35,10 +36,14 @@ from ._common import (
 
 def quarantine_entries(path: str) -> list[dict[str, Any]]:
     """The lines of quarantine/MANIFEST.jsonl (what was cut off this log, and when)."""
+    from .._fs import open_regular
+    from ..errors import CorruptionError
+
     manifest = os.path.join(path, QUARANTINE_DIR, MANIFEST)
     entries: list[dict[str, Any]] = []
     try:
-        with open(manifest, "rb") as f:
+        # Never a blocking open: a FIFO named like the manifest would hang `walj verify`.
+        with os.fdopen(open_regular(manifest, os.O_RDONLY), "rb") as f:
             for line in f:
                 try:
                     entry = json.loads(line)
@@ -47,8 +52,8 @@ def quarantine_entries(path: str) -> list[dict[str, Any]]:
                 if isinstance(entry, dict):
                     entries.append({k: entry.get(k) for k in
                                     ("file", "segment", "offset", "length", "kind", "time")})
-    except OSError:
-        pass
+    except (OSError, CorruptionError):
+        pass  # no readable manifest: nothing listed
     return entries
 
 
@@ -135,12 +140,6 @@ def percentile(values: list[float], fraction: float) -> float | None:
     return values[rank - 1]
 
 
-def _number(value: Any) -> float | None:
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    return None
-
-
 def cmd_stats(args: argparse.Namespace) -> int:
     path: str = args.path
     names = segment_names(path)
@@ -151,12 +150,14 @@ def cmd_stats(args: argparse.Namespace) -> int:
     first_t: float | None = None
     last_t: float | None = None
     first_seq: int | None = None
+    undecodable: list[int] = []
     for seq, raw in records:
         if first_seq is None:
             first_seq = seq
         try:
-            data = _codec.decode(raw)
+            data = decode_record(raw)
         except ValueError:
+            undecodable.append(seq)
             data = None
         if not isinstance(data, dict):
             kinds["-"] = kinds.get("-", 0) + 1
@@ -164,7 +165,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
         kind = data.get("k")
         kind = kind if isinstance(kind, str) else "-"
         kinds[kind] = kinds.get(kind, 0) + 1
-        t = _number(data.get("t"))
+        t = time_of(data.get("t"))
         if t is not None:
             first_t = t if first_t is None else min(first_t, t)
             last_t = t if last_t is None else max(last_t, t)
@@ -197,11 +198,12 @@ def cmd_stats(args: argparse.Namespace) -> int:
         "first_seq": first_seq,
         "last_seq": log_scan.last_seq,
         "problems": len(log_scan.problems),
+        "undecodable": len(undecodable),
         "time_span": {"first": first_t, "last": last_t, "seconds": span},
         "kinds": dict(sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0]))),
         "tools": tool_rows,
     }
-    code = EXIT_PROBLEMS if log_scan.problems else EXIT_OK
+    code = EXIT_PROBLEMS if log_scan.problems or undecodable else EXIT_OK
     if args.json:
         emit_json(report)
         return code
@@ -213,6 +215,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
     ]
     if log_scan.problems:
         lines.append(f"  {plural(len(log_scan.problems), 'problem')}: run `walj verify {path}`")
+    if undecodable:
+        lines.append(f"  {plural(len(undecodable), 'undecodable record')}: verified, but not "
+                     f"JSON (counted as '-'; first seq {undecodable[0]}): written by no walj")
     lines += ["", "Records by kind"]
     lines += table(("KIND", "RECORDS"), sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])),
                    right=(1,))
@@ -229,6 +234,11 @@ def cmd_stats(args: argparse.Namespace) -> int:
     return code
 
 
+def _tool_name(value: Any) -> str:
+    """The tool as the JSON shows it: the name itself (the text view escapes it), bounded."""
+    return value[:200] if isinstance(value, str) and value else "-"
+
+
 def _count_tool_record(kind: str, data: dict[str, Any], t: float | None,
                        tools: dict[str, ToolStats],
                        open_calls: dict[str, tuple[str, float | None]]) -> None:
@@ -236,7 +246,7 @@ def _count_tool_record(kind: str, data: dict[str, Any], t: float | None,
     if not isinstance(execution_id, str):
         return
     if kind == "tool_execution_started":
-        tool = short(data.get("tool"), 200)
+        tool = _tool_name(data.get("tool"))
         tools.setdefault(tool, ToolStats()).calls += 1
         open_calls[execution_id] = (tool, t)
     elif kind == "tool_execution_finished":
@@ -244,7 +254,7 @@ def _count_tool_record(kind: str, data: dict[str, Any], t: float | None,
         if entry is None:
             return
         st = tools[entry[0]]
-        outcome = str(data.get("o"))
+        outcome = opt_str(data.get("o")) or "unknown"
         st.outcomes[outcome] = st.outcomes.get(outcome, 0) + 1
         if t is not None and entry[1] is not None:
             st.durations.append(max(0.0, t - entry[1]))
@@ -253,5 +263,5 @@ def _count_tool_record(kind: str, data: dict[str, Any], t: float | None,
         if entry is not None:
             tools[entry[0]].interrupted += 1
     elif kind == "tool_execution_blocked":
-        tool = short(data.get("tool"), 200)
+        tool = _tool_name(data.get("tool"))
         tools.setdefault(tool, ToolStats()).refused += 1

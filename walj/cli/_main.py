@@ -8,7 +8,15 @@ import sys
 from collections.abc import Callable, Sequence
 
 from ..errors import WaljError
-from ._common import EXIT_INTERRUPTED, EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, CliError, os_error
+from ._common import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_PROBLEMS,
+    EXIT_USAGE,
+    CliError,
+    os_error,
+    printable,
+)
 
 READ_COMMANDS = ("verify", "inspect", "dump", "tail", "timeline", "stats", "sweep")
 WRITE_COMMANDS = ("resolve", "repair", "demo")
@@ -193,7 +201,8 @@ def _error(prog: str, message: str) -> None:
         sys.stdout.flush()
     except (BrokenPipeError, ValueError):
         _quiet_stdout()
-    sys.stderr.write(f"{prog}: error: {message}\n")
+    # The message may quote the log (a path, a record's field): printable, like every view.
+    sys.stderr.write(printable(f"{prog}: error: {message}") + "\n")
 
 
 def _quiet_stdout() -> None:

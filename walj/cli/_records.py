@@ -4,31 +4,42 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 import os
+import re
 import signal
 import sys
 import time
 from collections.abc import Iterable
 from typing import Any
 
-from .. import _codec
 from .. import _format as fmt
+from .._fs import open_regular
+from .._recovery import decode_record
 from .._scan import LogScan
 from ._common import (
     EXIT_OK,
     EXIT_PROBLEMS,
     CliError,
     clock,
+    int_list,
+    json_text,
     plural,
+    printable,
     scan,
     segment_names,
     short,
+    str_list,
+    warn,
 )
 
 KIND_WIDTH = 31
 _KIND_PREFIX = b'{"k":"'
-_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 FOLLOW_CHUNK = 4 << 20
+# Bytes of a record's JSON that must not reach a terminal as they are: C0 (JSON allows tab, CR
+# and LF between tokens), DEL, and the UTF-8 of C1 and of the bidi controls (raw in strings).
+_RAW_UNSAFE = re.compile(rb"[\x00-\x1f\x7f]|\xc2[\x80-\x9f]"
+                         rb"|\xe2\x80[\xaa-\xae]|\xe2\x81[\xa6-\xa9]")
 
 
 def kind_of(raw: bytes) -> str:
@@ -38,7 +49,7 @@ def kind_of(raw: bytes) -> str:
         if end > 0:
             return raw[len(_KIND_PREFIX):end].decode("utf-8", "replace")
     try:
-        data = _codec.decode(raw)
+        data = decode_record(raw)
     except ValueError:
         return "-"
     kind = data.get("k") if isinstance(data, dict) else None
@@ -66,10 +77,9 @@ def summary(data: Any) -> str:
     if kind == "tool_execution_ambiguous":
         return f"interrupted by {data.get('et')}"
     if kind == "tool_execution_blocked":
-        by = data.get("by") or []
-        turns = data.get("bt") or []
+        count = len(str_list(data.get("by"))) + len(int_list(data.get("bt")))
         return (f"{data.get('tool')} {data.get('call')}{_turn(data)} refused: blocked by "
-                f"{len(by) + len(turns)} blocker(s)")
+                f"{count} blocker(s)")
     if kind in ("tool_execution_resolved", "llm_call_resolved"):
         return f"{data.get('o')} by {data.get('actor')}: {data.get('note')}"
     if kind == "turn_resolved":
@@ -80,7 +90,7 @@ def summary(data: Any) -> str:
         return f"model {data.get('model')}{_turn(data)} request {data.get('rp')}"
     if kind == "llm_call_finished":
         return f"{data.get('o')}: {data.get('err') or data.get('op')}"
-    return _codec.encode(data).decode("utf-8", "replace")
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
 
 
 def _id(data: Any) -> str:
@@ -90,13 +100,15 @@ def _id(data: Any) -> str:
 
 
 class Printer:
-    """Writes records as table rows or JSON Lines, flushing after each batch."""
+    """Writes records as table rows or JSON Lines, flushing after each batch. A record whose
+    checksum verifies but whose data is not strict JSON is shown as undecodable and counted."""
 
     def __init__(self, as_json: bool, kinds: list[str] | None) -> None:
         self.as_json = as_json
         self.kinds = set(kinds) if kinds else None
         self.header_done = False
         self.count = 0
+        self.undecodable: list[int] = []
 
     def wanted(self, raw: bytes) -> bool:
         return self.kinds is None or kind_of(raw) in self.kinds
@@ -107,34 +119,57 @@ class Printer:
             if self.kinds is not None and kind_of(raw) not in self.kinds:
                 continue
             self.count += 1
+            try:
+                data, error = decode_record(raw), None
+            except ValueError as exc:
+                data, error = None, str(exc)
+                self.undecodable.append(seq)
             if self.as_json:
-                out.write(f'{{"seq":{seq},"data":{raw.decode("utf-8", "replace")}}}\n')
+                out.write(self._json_line(seq, raw, data, error))
                 continue
             if not self.header_done:
                 out.write(f"{'SEQ':>8}  {'TIME (UTC)':<19}  {'KIND':<{KIND_WIDTH}}  "
                           f"{'ID':<12}  SUMMARY\n")
                 self.header_done = True
-            try:
-                data = _codec.decode(raw)
-            except ValueError:
-                data = raw.decode("utf-8", "replace")
-            t = data.get("t") if isinstance(data, dict) else None
-            when = clock(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else "-"
-            kind = data.get("k", "-") if isinstance(data, dict) else "-"
-            out.write(f"{seq:>8}  {when:<19}  {short(kind, KIND_WIDTH):<{KIND_WIDTH}}  "
-                      f"{_id(data):<12}  {short(summary(data), 120)}\n")
+            record = data if isinstance(data, dict) else {}
+            kind = record.get("k", "-") if error is None else kind_of(raw)
+            text = f"undecodable: {error}" if error is not None else summary(data)
+            out.write(printable(f"{seq:>8}  {clock(record.get('t')):<19}  "
+                                f"{short(kind, KIND_WIDTH):<{KIND_WIDTH}}  {_id(data):<12}  "
+                                f"{short(text, 120)}") + "\n")
         out.flush()
 
+    @staticmethod
+    def _json_line(seq: int, raw: bytes, data: Any, error: str | None) -> str:
+        if error is not None:
+            return json.dumps({"seq": seq, "data": None, "undecodable": error}) + "\n"
+        if _RAW_UNSAFE.search(raw):  # the same value, re-encoded with those escaped
+            text = json_text(json.dumps(data, ensure_ascii=False, separators=(",", ":")))
+        else:  # strict JSON already: shown exactly as stored
+            text = raw.decode("utf-8")
+        return f'{{"seq":{seq},"data":{text}}}\n'
 
-def _report_problems(log_scan: LogScan) -> int:
+    def report(self) -> int:
+        """Say on stderr which records could not be decoded; EXIT_PROBLEMS if any."""
+        if not self.undecodable:
+            return EXIT_OK
+        seqs = ", ".join(str(s) for s in self.undecodable[:10])
+        more = "" if len(self.undecodable) <= 10 else ", ..."
+        warn(f"walj: {plural(len(self.undecodable), 'record')} verified but could not be "
+             f"decoded as JSON (seq {seqs}{more}): written by no walj")
+        return EXIT_PROBLEMS
+
+
+def _report_problems(log_scan: LogScan, printer: Printer | None = None) -> int:
+    code = EXIT_OK if printer is None else printer.report()
     if not log_scan.problems:
-        return EXIT_OK
-    sys.stderr.write(f"walj: {plural(len(log_scan.problems), 'problem')} in the log; records "
-                     "that verify were shown, the rest skipped:\n")
+        return code
+    warn(f"walj: {plural(len(log_scan.problems), 'problem')} in the log; records that verify "
+         "were shown, the rest skipped:")
     for problem in log_scan.problems[:20]:
-        sys.stderr.write(f"  {problem.describe()}\n")
+        warn(f"  {problem.describe()}")
     if len(log_scan.problems) > 20:
-        sys.stderr.write(f"  ... and {len(log_scan.problems) - 20} more (`walj verify`)\n")
+        warn(f"  ... and {len(log_scan.problems) - 20} more (`walj verify`)")
     return EXIT_PROBLEMS
 
 
@@ -154,7 +189,7 @@ def cmd_dump(args: argparse.Namespace) -> int:
             printer.write(batch)
             batch.clear()
     printer.write(batch)
-    return _report_problems(log_scan)
+    return _report_problems(log_scan, printer)
 
 
 # --- tail -----------------------------------------------------------------------------------
@@ -177,17 +212,15 @@ class Follower:
         while True:
             name = fmt.segment_name(self.index)
             try:
-                fd = os.open(os.path.join(self.path, name), os.O_RDONLY | _O_NOFOLLOW)
+                # Never a FIFO or other special file named like a segment: it would hang here.
+                fd = open_regular(os.path.join(self.path, name), os.O_RDONLY)
             except FileNotFoundError:
                 return out  # the next segment is not there yet
             try:
                 size = os.fstat(fd).st_size
                 if size < self.offset:
                     self._shrunk(fd, name, size)
-                data = os.pread(fd, min(FOLLOW_CHUNK, size - self.offset), self.offset)
-                while b"\n" not in data and len(data) < size - self.offset:  # a long line
-                    more = min(len(data), size - self.offset - len(data))
-                    data += os.pread(fd, more, self.offset + len(data))
+                data = self._read(fd, size - self.offset)
             finally:
                 os.close(fd)
             sealed = self._lines(name, data, out)
@@ -195,6 +228,20 @@ class Follower:
                 return out
             self.index += 1
             self.offset = 0
+
+    def _read(self, fd: int, want: int) -> bytes:
+        """Up to `want` bytes from the offset: the first chunk, and more while no line has
+        ended in it (a long line). A short read means the file shrank since fstat (a writer
+        cutting a torn tail): stop there, and the next poll sees the new size. Asking again
+        for what is no longer there would spin for ever without sleeping."""
+        data = os.pread(fd, min(FOLLOW_CHUNK, want), self.offset)
+        while b"\n" not in data and len(data) < want:
+            more = os.pread(fd, min(max(len(data), FOLLOW_CHUNK), want - len(data)),
+                            self.offset + len(data))
+            if not more:
+                break
+            data += more
+        return data
 
     def _lines(self, name: str, data: bytes, out: list[tuple[int, bytes]]) -> bool:
         pos = 0
@@ -221,9 +268,8 @@ class Follower:
     def _warn(self, name: str, offset: int) -> None:
         if self.warned_at != (self.index, offset):
             self.warned_at = (self.index, offset)
-            sys.stderr.write(f"walj: {name} at byte {offset}: a line does not verify; waiting "
-                             "there (a writer that reopens cuts a torn tail)\n")
-            sys.stderr.flush()
+            warn(f"walj: {name} at byte {offset}: a line does not verify; waiting there (a "
+                 "writer that reopens cuts a torn tail)")
 
     def _shrunk(self, fd: int, name: str, size: int) -> None:
         """The segment was cut below what was read: a writer reopened after a crash and moved a
@@ -238,8 +284,8 @@ class Follower:
             if record is not None:
                 last = record[0]
         if last is not None and last + 1 < self.next_seq:
-            sys.stderr.write(f"walj: {name} was cut back to seq {last} after a crash; records "
-                             f"from seq {last + 1} on are shown again as rewritten\n")
+            warn(f"walj: {name} was cut back to seq {last} after a crash; records from seq "
+                 f"{last + 1} on are shown again as rewritten")
             self.next_seq = last + 1
 
 
@@ -270,7 +316,7 @@ def _tail(args: argparse.Namespace) -> int:
                 last.append((seq, raw))
         if args.lines:
             printer.write(last)
-    code = _report_problems(log_scan)
+    code = _report_problems(log_scan, printer)
     if not args.follow:
         return code
     seg = log_scan.last

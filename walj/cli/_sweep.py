@@ -13,7 +13,7 @@ from typing import Any
 from .. import _format as fmt
 from .._recovery import RecoveryState
 from .._scan import LogScan
-from ..errors import CorruptionError, UnsupportedVersionError
+from ..errors import UnsupportedVersionError, WaljError
 from ._common import (
     EXIT_OK,
     EXIT_PROBLEMS,
@@ -32,7 +32,9 @@ STATUSES = ("clean", "blocked", "corrupt", "unsupported", "unreadable")
 
 def find_logs(root: str) -> tuple[list[str], list[dict[str, Any]]]:
     """Directories under `root` (itself included) holding segments; a log's own subdirectories
-    (quarantine/) are not searched. Also the directories that could not be listed."""
+    (quarantine/) are not searched. Also the directories that could not be listed, and every
+    symbolic link to a directory: never followed (it may leave ROOT or loop), never skipped
+    in silence (a session behind it would go unchecked)."""
     if not os.path.lexists(root):
         raise CliError(f"{root}: no such file or directory")
     if not os.path.isdir(root):
@@ -51,9 +53,27 @@ def find_logs(root: str) -> tuple[list[str], list[dict[str, Any]]]:
         if any(fmt.segment_index(name) is not None for name in filenames):
             logs.append(dirpath)
             dirnames[:] = []
-        else:
-            dirnames.sort()
+            continue
+        links = {d for d in dirnames if os.path.islink(os.path.join(dirpath, d))}
+        # A dangling link may be a session whose target is gone (an unmounted volume).
+        dangling = [f for f in filenames if not os.path.exists(os.path.join(dirpath, f))
+                    and os.path.islink(os.path.join(dirpath, f))]
+        for name in sorted([*links, *dangling]):
+            unreadable.append(_symlink_entry(os.path.join(dirpath, name), name in links))
+        dirnames[:] = sorted(d for d in dirnames if d not in links)
     return sorted(logs), unreadable
+
+
+def _symlink_entry(path: str, to_directory: bool) -> dict[str, Any]:
+    try:
+        target = os.readlink(path)
+    except OSError:
+        target = "?"
+    if not to_directory:
+        return _entry(path, "unreadable", detail=f"refused: symlink to {target}, which does "
+                      "not exist")
+    return _entry(path, "unreadable", detail=f"refused: symlink to {target}, not followed; "
+                  "sweep or inspect its target itself")
 
 
 def _entry(path: str, status: str, **fields: Any) -> dict[str, Any]:
@@ -83,13 +103,17 @@ def check_log(path: str) -> dict[str, Any]:
                 state.feed_json(seq, raw)
             except UnsupportedVersionError as exc:
                 feeding, journal_error = False, ("unsupported", short(exc, 200))
-            except (CorruptionError, ValueError) as exc:
+            except (WaljError, ValueError) as exc:
                 feeding, journal_error = False, ("corrupt", short(f"journal: {exc}", 200))
     except OSError as exc:
         reason = "permission denied" if isinstance(exc, PermissionError) else exc.strerror
         return _entry(path, "unreadable", detail=f"{exc.filename or path}: {reason}")
     problems = log_scan.problems
-    rec = state.snapshot()
+    try:
+        rec = state.snapshot()
+    except WaljError as exc:  # a blocker's started record is decoded only now
+        journal_error = journal_error or ("corrupt", short(f"journal: {exc}", 200))
+        rec = RecoveryState().snapshot()
     blockers = [{"execution_id": b.execution_id, "tool": b.tool, "call_id": b.call_id,
                  "state": b.state, "turn_sequence": b.turn_sequence} for b in rec.blockers]
     detail = short(problems[0].describe(), 200) if problems else None

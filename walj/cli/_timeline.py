@@ -8,7 +8,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._recovery import RecoveryState
+from .._recovery import RecoveryState, time_of, turn_number
 from ._common import (
     EXIT_OK,
     EXIT_PROBLEMS,
@@ -16,17 +16,20 @@ from ._common import (
     clock,
     duration,
     emit_json,
+    int_list,
+    opt_str,
+    printable,
     scan,
     segment_names,
     short,
+    str_list,
     write_lines,
 )
-from ._inspect import feed
+from ._inspect import feed, snapshot
 
 
 def _t(data: dict[str, Any]) -> float | None:
-    t = data.get("t")
-    return float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else None
+    return time_of(data.get("t"))
 
 
 def _span(start: float | None, end: float | None) -> float | None:
@@ -36,15 +39,15 @@ def _span(start: float | None, end: float | None) -> float | None:
 @dataclass
 class Execution:
     execution_id: str
-    tool: Any
-    call_id: Any
+    tool: str | None
+    call_id: str | None
     started_at: float | None
     seq: int
     finished_at: float | None = None
     outcome: str | None = None
-    error: Any = None
+    error: str | None = None
     ambiguous: bool = False
-    error_type: Any = None
+    error_type: str | None = None
     resolution: dict[str, Any] | None = None
     blocker: bool = False
 
@@ -94,7 +97,7 @@ class Builder:
         self.llm: dict[str, dict[str, Any]] = {}
 
     def turn(self, sequence: Any, t: float | None = None) -> TurnNode:
-        key = sequence if type(sequence) is int else None
+        key = turn_number(sequence)
         node = self.turns.get(key)
         if node is None:
             node = self.turns[key] = TurnNode(key, t)
@@ -107,7 +110,7 @@ class Builder:
         kind, t, eid = data.get("k"), _t(data), data.get("id")
         if kind == "turn_started":
             self.turn(data.get("turn"), t)
-            if type(data.get("turn")) is int:
+            if turn_number(data.get("turn")) is not None:
                 self.stack.append(data["turn"])
         elif kind == "turn_completed":
             if self.stack:
@@ -116,16 +119,18 @@ class Builder:
         elif kind == "turn_resolved":
             self.turn(data.get("turn")).resolution = _resolution(data, t)
         elif kind == "tool_execution_started" and isinstance(eid, str):
-            ex = Execution(eid, data.get("tool"), data.get("call"), t, seq)
+            ex = Execution(eid, opt_str(data.get("tool")), opt_str(data.get("call")), t, seq)
             self.executions[eid] = ex
             self.turn(data.get("turn")).items.append(ex)
         elif kind == "tool_execution_blocked":
             self.turn(data.get("turn")).items.append({
-                "refused": True, "execution_id": eid, "seq": seq, "tool": data.get("tool"),
-                "call_id": data.get("call"), "at": t, "blocked_by": data.get("by") or [],
-                "blocked_by_turns": data.get("bt") or []})
+                "refused": True, "execution_id": opt_str(eid), "seq": seq,
+                "tool": opt_str(data.get("tool")), "call_id": opt_str(data.get("call")), "at": t,
+                "blocked_by": str_list(data.get("by")),
+                "blocked_by_turns": int_list(data.get("bt"))})
         elif kind in ("llm_call_started",) and isinstance(eid, str):
-            call = {"llm_call_id": eid, "seq": seq, "model": data.get("model"), "started_at": t,
+            call = {"llm_call_id": eid, "seq": seq, "model": opt_str(data.get("model")),
+                    "started_at": t,
                     "finished_at": None, "duration_seconds": None, "outcome": None,
                     "pending": True}
             self.llm[eid] = call
@@ -137,10 +142,10 @@ class Builder:
         ex = self.executions.get(eid)
         if ex is not None:
             if kind == "tool_execution_finished" and ex.outcome is None and ex.resolution is None:
-                ex.outcome, ex.finished_at = str(data.get("o")), t
-                ex.error = data.get("err")
+                ex.outcome, ex.finished_at = opt_str(data.get("o")) or "unknown", t
+                ex.error = opt_str(data.get("err"))
             elif kind == "tool_execution_ambiguous":
-                ex.ambiguous, ex.error_type = True, data.get("et")
+                ex.ambiguous, ex.error_type = True, opt_str(data.get("et"))
             elif kind == "tool_execution_resolved" and ex.outcome is None:
                 ex.resolution = _resolution(data, t)
             return
@@ -148,14 +153,15 @@ class Builder:
         if call is not None and call["pending"]:
             if kind == "llm_call_finished":
                 call.update(finished_at=t, duration_seconds=_span(call["started_at"], t),
-                            outcome=data.get("o"), pending=False)
+                            outcome=opt_str(data.get("o")), pending=False)
             elif kind == "llm_call_resolved":
-                call.update(outcome=f"resolved {data.get('o')}", pending=False)
+                call.update(outcome=f"resolved {opt_str(data.get('o')) or 'unknown'}",
+                            pending=False)
 
 
 def _resolution(data: dict[str, Any], t: float | None) -> dict[str, Any]:
-    return {"outcome": data.get("o", "resolved"), "actor": data.get("actor"),
-            "note": data.get("note"), "at": t}
+    return {"outcome": opt_str(data.get("o", "resolved")), "actor": opt_str(data.get("actor")),
+            "note": opt_str(data.get("note")), "at": t}
 
 
 def _turn_json(node: TurnNode) -> dict[str, Any]:
@@ -182,7 +188,7 @@ def cmd_timeline(args: argparse.Namespace) -> int:
     state = RecoveryState()
     builder = Builder()
     feed(path, log_scan, records, state, builder)
-    rec = state.snapshot()
+    rec = snapshot(path, state)
     for b in rec.blockers:
         if b.execution_id is not None and b.execution_id in builder.executions:
             builder.executions[b.execution_id].blocker = True
@@ -219,7 +225,7 @@ def _render(path: str, turns: list[dict[str, Any]], blocked: bool, problems: int
         items.sort(key=lambda kv: int(kv[1]["seq"]))
         for i, (kind, item) in enumerate(items):
             glyph = end if i == len(items) - 1 else mid
-            rows.append((glyph, _item_cells(kind, item)))
+            rows.append((glyph, [printable(c) for c in _item_cells(kind, item)]))
     widths: list[int] = []
     for glyph, cells in rows:
         if glyph:

@@ -125,9 +125,10 @@ def plan_cuts(path: str) -> tuple[list[tuple[str, int, str]], LogScan]:
         if problem.kind == "unsupported_version":
             raise CliError(f"refused: {problem.file} has a format version this walj does not "
                            "know; repair it with the walj that wrote it", EXIT_PROBLEMS)
-        if problem.kind == "symlink":
-            raise CliError(f"refused: {problem.file} is a symbolic link; move it out of the "
-                           "log by hand, then run repair again", EXIT_PROBLEMS)
+        if problem.kind in ("symlink", "not_a_regular_file"):
+            what = "a symbolic link" if problem.kind == "symlink" else "not a regular file"
+            raise CliError(f"refused: {problem.file} is {what}; move it out of the log by "
+                           "hand, then run repair again", EXIT_PROBLEMS)
     points = [(fmt.segment_index(p.file) or 0, p.offset, p.kind) for p in log_scan.problems]
     torn = log_scan.torn_tail
     if torn is not None:
