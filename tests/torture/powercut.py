@@ -79,6 +79,7 @@ class Plan:
     after: bool = False
     err: int = errno.EIO
     power_cut: str | None = None  # what a power cut at the end of the life loses
+    injected: list[str] = field(default_factory=list)  # what the life's file system injected
 
     def arm(self, fs: FaultyFS) -> None:
         if self.kind == "crash":
@@ -154,6 +155,7 @@ def run_life(path: Path, oracle: Oracle, life: int, rng: random.Random, sync: st
     except walj.PoisonedError as exc:
         if log is None:  # open failed, typed, with nothing acknowledged yet
             outcome = "open failed"
+            plan.injected = list(fs.injected)
             TALLY.add(faults=len(fs.injected))
             forget_locks_of_dead_process(path)
             return outcome
@@ -188,5 +190,6 @@ def run_life(path: Path, oracle: Oracle, life: int, rng: random.Random, sync: st
             abandon(log)
         else:
             forget_locks_of_dead_process(path)
+    plan.injected = list(fs.injected)
     TALLY.add(faults=len(fs.injected))
     return outcome
