@@ -50,3 +50,22 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     for path in _summary_file:
         terminalreporter.write_line(f"{'written to':>22}: {path}")
     terminalreporter.write_line(f"{'reproduce':>22}: {reproduce_hint()}")
+
+
+@pytest.fixture
+def thread_failures(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[BaseException]]:
+    """Fails the test on any exception that ends a background thread (the interval syncer,
+    an appender), except the simulated process death, which ends every thread on purpose."""
+    import threading
+
+    from faultfs import SimulatedCrash
+
+    failures: list[BaseException] = []
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        if args.exc_value is not None and not isinstance(args.exc_value, SimulatedCrash):
+            failures.append(args.exc_value)
+
+    monkeypatch.setattr(threading, "excepthook", hook)
+    yield failures
+    assert not failures, f"a background thread died: {failures[:3]!r}"

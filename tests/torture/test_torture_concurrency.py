@@ -185,7 +185,7 @@ def threads_trial(tmp_path: Path, trial: int) -> None:
         assert ns == list(range(len(ns))), f"thread {t}'s records out of order or repeated"
 
 
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+@pytest.mark.usefixtures("thread_failures")
 def test_threads_append_in_batch_mode_while_a_crash_is_injected(tmp_path: Path) -> None:
     """Eight threads append in batch mode; at a random call the process 'dies' (every later
     call of every thread fails), then a power cut drops, tears, zeroes or reorders what was

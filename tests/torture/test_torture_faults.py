@@ -15,7 +15,7 @@ from powercut import FAIL_OPS, POWER_CUTS, Oracle, Plan, random_plan, run_life
 MODES = ("always", "batch", "interval", "never")
 LIVES = 4
 
-pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+pytestmark = pytest.mark.usefixtures("thread_failures")
 
 
 def test_random_faults_over_many_lives(tmp_path: Path) -> None:
