@@ -32,6 +32,16 @@ class Run:
         return [json.loads(line) for line in self.out.splitlines()]
 
 
+def forensic(app: dict[str, Path], *args: Any) -> Run:
+    """Run the zipapp `app["pyz"]` with the bare interpreter `app["python"]`, nothing else on
+    its path."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    proc = subprocess.run([str(app["python"]), str(app["pyz"]), *map(str, args)],
+                          capture_output=True, text=True, timeout=120, env=env,
+                          cwd=str(app["base"]))
+    return Run(proc.returncode, proc.stdout, proc.stderr)
+
+
 def walj_cli(*args: str | os.PathLike[str], timeout: float = 60) -> Run:
     """Run `python -m walj ARGS` in a child process."""
     proc = subprocess.run([sys.executable, "-m", "walj", *map(str, args)], env=ENV,

@@ -23,7 +23,7 @@ from typing import Any
 from unittest import mock
 
 import pytest
-from cli_helpers import ENV, REPO, Run, interrupted, make_journal, send, walj_cli
+from cli_helpers import ENV, REPO, Run, forensic, interrupted, make_journal, send, walj_cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -165,14 +165,6 @@ def pyz(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
                    timeout=120)
     return {"pyz": target, "python": venv / "bin" / "python", "base": base}
-
-
-def forensic(app: dict[str, Path], *args: Any) -> Run:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-    proc = subprocess.run([str(app["python"]), str(app["pyz"]), *map(str, args)],
-                          capture_output=True, text=True, timeout=120, env=env,
-                          cwd=str(app["base"]))
-    return Run(proc.returncode, proc.stdout, proc.stderr)
 
 
 @pytest.fixture(scope="module")

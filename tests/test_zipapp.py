@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from cli_helpers import (
     REPO,
-    Run,
     flip_byte,
+    forensic,
     make_journal,
     make_plain_log,
     snapshot,
@@ -38,14 +38,6 @@ def zipapp(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                    timeout=120)
     python = venv / "bin" / "python"
     return {"pyz": pyz, "python": python, "base": base}
-
-
-def forensic(app: dict[str, Path], *args: Any) -> Run:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-    proc = subprocess.run([str(app["python"]), str(app["pyz"]), *map(str, args)],
-                          capture_output=True, text=True, timeout=120, env=env,
-                          cwd=str(app["base"]))
-    return Run(proc.returncode, proc.stdout, proc.stderr)
 
 
 def test_the_venv_has_nothing_installed(zipapp: dict[str, Path]) -> None:

@@ -410,17 +410,15 @@ class ToolJournal:
         self._check_open()
         normalised = normalise_calls(calls, lambda arguments: describe_arguments(
             arguments, self.arguments_chars, self.redactor, FAST_CANONICAL))
-        digests = [call.digest for call in normalised]
         live = self._live_turn
         if live is not None:
-            return self._run_calls(live, normalised, digests, registry)
+            return self._run_calls(live, normalised, registry)
         with self.turn() as turn:
-            return self._run_calls(turn, normalised, digests, registry)
+            return self._run_calls(turn, normalised, registry)
 
-    def _run_calls(self, turn: Turn, calls: list[Any], digests: list[Any],
-                   registry: Any) -> list[dict[str, Any]]:
+    def _run_calls(self, turn: Turn, calls: list[Any], registry: Any) -> list[dict[str, Any]]:
         results: list[dict[str, Any]] = []
-        for index, (call, digest) in enumerate(zip(calls, digests, strict=True)):
+        for index, call in enumerate(calls):
             if call.problem is not None:
                 results.append(error_result(call, index, call.problem))
                 continue
@@ -429,7 +427,7 @@ class ToolJournal:
             if tool is None:
                 results.append(error_result(call, index, f"unknown tool {call.name!r}"))
                 continue
-            result = turn._dispatch(call.name, call.arguments, call.call_id, tool, digest)
+            result = turn._dispatch(call.name, call.arguments, call.call_id, tool, call.digest)
             results.append(result.as_dict())
         return results
 

@@ -11,8 +11,8 @@ import threading
 import time
 
 from ._durability import io_failure
-from ._fs import _CLOEXEC, _NOFOLLOW, FILE_MODE, FileSystem, write_all
-from .errors import LockedError
+from ._fs import _CLOEXEC, _NOFOLLOW, FILE_MODE, FileSystem, read_regular, write_all
+from .errors import CorruptionError, LockedError
 
 LOCK_NAME = "LOCK"
 OWNER_NAME = "LOCK.owner"
@@ -21,18 +21,22 @@ _open_dirs: dict[tuple[int, int], tuple[str, object]] = {}
 _open_dirs_guard = threading.Lock()
 
 
-def read_owner(directory: str) -> str | None:
-    """Who holds (or last held) the directory's lock, as the holder wrote it; None if unknown
-    (a LOCK.owner that is not a regular file included: a FIFO there would hang the read)."""
-    from ._fs import read_regular
-    from .errors import CorruptionError
-
+def owner_info(directory: str) -> tuple[int, str, str] | None:
+    """(pid, host, since) of the writer that holds or last held the lock, as it wrote them to
+    LOCK.owner; None if unknown (a LOCK.owner that is not a regular file included: a FIFO
+    there would hang the read)."""
     try:
         # The holder writes under 100 bytes; the cap bounds a hostile file (cut, it won't parse).
         info = json.loads(read_regular(os.path.join(directory, OWNER_NAME), 64 * 1024))
-        return f"pid {info['pid']} on {info['host']} since {info['since']}"
+        return int(info["pid"]), str(info["host"]), str(info["since"])
     except (OSError, CorruptionError, ValueError, KeyError, TypeError):
         return None
+
+
+def read_owner(directory: str) -> str | None:
+    """Who holds (or last held) the directory's lock, for LockedError; None if unknown."""
+    info = owner_info(directory)
+    return None if info is None else f"pid {info[0]} on {info[1]} since {info[2]}"
 
 
 class WriterLock:

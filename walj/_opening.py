@@ -12,7 +12,7 @@ from itertools import starmap
 from . import _format as fmt
 from ._fs import FileSystem
 from ._quarantine import Quarantined, cut_segment
-from ._scan import MODES, LogScan
+from ._scan import MODES, LogScan, check_for_writer
 from ._segment import Problem, SegmentScan
 from .errors import WaljError
 
@@ -78,8 +78,6 @@ def recover(fs: FileSystem, directory: str, mode: str, replay: Replay | None, *,
             writable: bool) -> Recovered:
     """Scan the whole log (feeding `replay`), then, if writable, cut a torn tail aside."""
     if writable:
-        from ._scan import check_for_writer
-
         for name in check_for_writer(fs, directory):
             # A rotation died before its rename: the file holds a header and nothing else.
             fs.unlink(os.path.join(directory, name))

@@ -48,11 +48,6 @@ def _consume(future: asyncio.Future[Any]) -> None:
         future.exception()
 
 
-def _consume_later(future: asyncio.Future[Any] | None) -> None:
-    if future is not None:
-        future.add_done_callback(_consume)
-
-
 async def in_worker(function: Callable[..., Any], *args: Any) -> Any:
     """Run a blocking journal step in the default executor and await it, shielded: a
     cancellation does not stop the step, whose outcome is then consumed when it ends."""
@@ -295,10 +290,9 @@ class Turn:
         eid = prep.execution_id
         # How far it got, for the one handler below: an interrupt may land on any line, and
         # every line from the intent's submission on is covered by it (no gap between blocks).
-        stage, record, begin = "intent", None, None
+        stage, record = "intent", None
         try:
-            begin = loop.run_in_executor(None, journal._begin, prep.started, eid)
-            blockers = await asyncio.shield(begin)
+            blockers = await in_worker(journal._begin, prep.started, eid)
             if blockers is not None:
                 return self._blocked(prep, blockers)
             stage = "handler"
@@ -317,10 +311,9 @@ class Turn:
             stage = "terminal"
             # The terminal record goes through the queue too when this task is cancelled
             # while it is written: the execution blocks at once, and the record lands first.
-            await asyncio.shield(loop.run_in_executor(None, journal._end, eid, record))
+            await in_worker(journal._end, eid, record)
             return result
         except BaseException as exc:
-            _consume_later(begin)
             if stage == "intent":  # the handler was never called
                 never_called = asyncio.CancelledError("cancelled before the handler was called")
                 record = self._finish(prep, "cancelled", None, never_called)[0]

@@ -15,7 +15,7 @@ from typing import IO, Any
 from .. import _format as fmt
 from .._codec import MAX_DEPTH
 from .._fs import DEFAULT_FS
-from .._lock import OWNER_NAME
+from .._lock import owner_info
 from .._recovery import time_of
 from .._scan import LogScan, TornTail
 from .._segment import Problem, read_header
@@ -94,15 +94,10 @@ def log_created(path: str, names: Sequence[str]) -> float | None:
 def last_writer(path: str) -> dict[str, Any] | None:
     """The writer that last took the log's lock, from LOCK.owner (read, never locked), and
     whether that process still runs on this host (None: another host, so unknown)."""
-    from .._fs import read_regular
-    from ..errors import CorruptionError
-
-    try:
-        # Never a blocking open: a FIFO named LOCK.owner would hang `walj inspect`.
-        info = json.loads(read_regular(os.path.join(path, OWNER_NAME), 64 * 1024))
-        pid, host, since = int(info["pid"]), str(info["host"]), str(info["since"])
-    except (OSError, CorruptionError, ValueError, KeyError, TypeError):
+    info = owner_info(path)
+    if info is None:
         return None
+    pid, host, since = info
     running: bool | None = None
     if host == socket.gethostname():
         try:

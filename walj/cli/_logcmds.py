@@ -10,8 +10,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import _format as fmt
+from .._fs import open_regular
 from .._quarantine import MANIFEST, QUARANTINE_DIR
 from .._recovery import decode_record, time_of
+from ..errors import CorruptionError
 from ._common import (
     EXIT_OK,
     EXIT_PROBLEMS,
@@ -36,9 +38,6 @@ from ._common import (
 
 def quarantine_entries(path: str) -> list[dict[str, Any]]:
     """The lines of quarantine/MANIFEST.jsonl (what was cut off this log, and when)."""
-    from .._fs import open_regular
-    from ..errors import CorruptionError
-
     manifest = os.path.join(path, QUARANTINE_DIR, MANIFEST)
     entries: list[dict[str, Any]] = []
     try:
