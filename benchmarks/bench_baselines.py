@@ -10,10 +10,29 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 from bench_core import Sample, make_record, timed_loop
 
-RAW_LINE = json.dumps(make_record(0), separators=(",", ":")).encode() + b"\n"
+# The baselines encode and decode with the codec walj itself uses: msgspec when installed (walj
+# depends on it), compact stdlib json otherwise, so that no baseline pays for a slower encoder.
+try:
+    import msgspec
+
+    encode: Callable[[Any], bytes] = msgspec.json.Encoder().encode
+    decode: Callable[[bytes], Any] = msgspec.json.Decoder().decode
+    CODEC = f"msgspec {msgspec.__version__}"
+except ImportError:  # pragma: no cover - walj requires msgspec
+    _enc = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+
+    def _json_encode(value: Any) -> bytes:
+        return _enc.encode(value).encode()
+
+    encode = _json_encode
+    decode = json.loads
+    CODEC = "json (stdlib)"
+
+RAW_LINE = encode(make_record(0)) + b"\n"
 
 
 def _datasync() -> Callable[[int], None]:
@@ -47,18 +66,34 @@ def raw_fsync(duration: float) -> Callable[[Path], Sample]:
     return measure
 
 
-def jsonl(duration: float, fsync: bool) -> Callable[[Path], Sample]:
-    """What most agent runtimes do: open(..., "a"), write a json.dumps line, flush (+ os.fsync)."""
+def raw_write(duration: float) -> Callable[[Path], Sample]:
+    """os.write of a pre-encoded ~200-byte line, O_APPEND, no sync: the write system call alone."""
 
     def measure(d: Path) -> Sample:
-        with open(d / "log.jsonl", "a", encoding="utf-8") as f:
+        fd = os.open(d / "raw.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            write = os.write
+            return timed_loop(lambda _i: write(fd, RAW_LINE), duration)
+        finally:
+            os.close(fd)
+
+    return measure
+
+
+def jsonl(duration: float, fsync: bool) -> Callable[[Path], Sample]:
+    """What most agent runtimes do: open(..., "ab"), write an encoded line, flush (+ the same
+    data sync walj uses: fdatasync, F_FULLFSYNC on macOS)."""
+
+    def measure(d: Path) -> Sample:
+        sync = _datasync()
+        with open(d / "log.jsonl", "ab") as f:
             fileno = f.fileno()
 
             def op(i: int) -> None:
-                f.write(json.dumps(make_record(i)) + "\n")
+                f.write(encode(make_record(i)) + b"\n")
                 f.flush()
                 if fsync:
-                    os.fsync(fileno)
+                    sync(fileno)
 
             return timed_loop(op, duration)
 
@@ -77,7 +112,7 @@ def sqlite_connect(path: Path, synchronous: str) -> sqlite3.Connection:
 
 def sqlite_create(path: Path) -> None:
     conn = sqlite_connect(path, "FULL")
-    conn.execute("CREATE TABLE IF NOT EXISTS records (seq INTEGER PRIMARY KEY, data TEXT NOT NULL)")
+    conn.execute("CREATE TABLE IF NOT EXISTS records (seq INTEGER PRIMARY KEY, data BLOB NOT NULL)")
     conn.commit()
     conn.close()
 
@@ -86,7 +121,7 @@ INSERT = "INSERT INTO records (data) VALUES (?)"
 
 
 def sqlite_append(duration: float, synchronous: str) -> Callable[[Path], Sample]:
-    """SQLite in WAL mode: one INSERT of the json.dumps record and one commit per record."""
+    """SQLite in WAL mode: one INSERT of the encoded record and one commit per record."""
 
     def measure(d: Path) -> Sample:
         db = d / "bench.sqlite3"
@@ -95,7 +130,7 @@ def sqlite_append(duration: float, synchronous: str) -> Callable[[Path], Sample]
         try:
 
             def op(i: int) -> None:
-                conn.execute(INSERT, (json.dumps(make_record(i)),))
+                conn.execute(INSERT, (encode(make_record(i)),))
                 conn.commit()
 
             return timed_loop(op, duration)
@@ -171,7 +206,7 @@ def sqlite_threads(duration: float, n_threads: int) -> Callable[[Path], Sample]:
             conn = sqlite_connect(db, "FULL")
 
             def op(i: int) -> None:
-                conn.execute(INSERT, (json.dumps(make_record(i)),))
+                conn.execute(INSERT, (encode(make_record(i)),))
                 conn.commit()
 
             return op, conn.close
@@ -181,8 +216,8 @@ def sqlite_threads(duration: float, n_threads: int) -> Callable[[Path], Sample]:
     return measure
 
 
-def sqlite_fixture(db: Path, rows: Iterable[str]) -> None:
-    """Create `db` holding the given JSON strings, in one transaction."""
+def sqlite_fixture(db: Path, rows: Iterable[bytes]) -> None:
+    """Create `db` holding the given encoded JSON values, in one transaction."""
     sqlite_create(db)
     conn = sqlite_connect(db, "NORMAL")
     conn.executemany(INSERT, ((s,) for s in rows))

@@ -3,10 +3,14 @@
 Usage: bench_child.py COMMAND ARGS...; prints one JSON object on stdout.
   build-log DIR DB N       write N records to a walj log and the same rows to SQLite (unsynced)
   build-journal DIR DB N   write a journal of about N records (fsync disabled), same rows to SQLite
-  log-open DIR             time Log.open + close, then walj.read of every record
-  journal-open DIR         time ToolJournal.open (recovery state rebuilt) + close
-  sqlite-scan DB           time SELECT of every row + json.loads
+  log-open DIR             time Log.open + close (checksums, no JSON), then walj.read (decoded)
+  journal-open DIR         time ToolJournal.open (state rebuilt) + close, then Log.open + close
+                           of the same directory (its checksum scan alone)
+  sqlite-scan DB           time SELECT of every row (no decode), then SELECT + decode, with the
+                           decoder walj uses (msgspec)
   verify DIR               walj.verify (the library's scanner)
+
+Peak RSS (VmHWM) is read right after the first timed step, and again at the end.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from bench_core import import_walj, make_record, peak_rss_bytes
+from bench_core import import_walj, make_record
+from bench_machine import peak_rss_bytes
 
 
 def _noop(**_kwargs: Any) -> None:
@@ -27,7 +32,7 @@ def _noop(**_kwargs: Any) -> None:
 
 
 def build_log(path: Path, db: Path, n: int) -> dict[str, Any]:
-    from bench_baselines import sqlite_fixture
+    from bench_baselines import encode, sqlite_fixture
 
     walj = import_walj()
     assert walj is not None
@@ -35,7 +40,7 @@ def build_log(path: Path, db: Path, n: int) -> dict[str, Any]:
         for start in range(0, n, 10_000):
             log.append_many([make_record(i) for i in range(start, min(n, start + 10_000))])
         log.sync()
-    sqlite_fixture(db, (json.dumps(make_record(i)) for i in range(n)))
+    sqlite_fixture(db, (encode(make_record(i)) for i in range(n)))
     return {"records": n}
 
 
@@ -45,7 +50,7 @@ def build_journal(path: Path, db: Path, n: int) -> dict[str, Any]:
     os.fsync = lambda fd: None
     if hasattr(os, "fdatasync"):
         os.fdatasync = lambda fd: None
-    from bench_baselines import sqlite_fixture
+    from bench_baselines import encode, sqlite_fixture
 
     walj = import_walj()
     assert walj is not None
@@ -66,9 +71,9 @@ def build_journal(path: Path, db: Path, n: int) -> dict[str, Any]:
     per = max(1, sum(1 for _ in walj.read(probe)) // 2)
     fill(path, max(1, -(-n // per)))
 
-    def rows() -> Iterator[str]:
+    def rows() -> Iterator[bytes]:
         for rec in walj.read(path):
-            yield json.dumps(rec.data)
+            yield encode(rec.data)
 
     sqlite_fixture(db, rows())
     return {"records": sum(1 for _ in walj.read(path)), "records_per_turn": per}
@@ -104,21 +109,44 @@ def journal_open(path: Path) -> dict[str, Any]:
     blocked = bool(journal.recovery.blocked)
     journal.close()
     t1 = time.perf_counter()
-    return {"open_s": t1 - t0, "rss_open": peak_rss_bytes(), "blocked": blocked}
+    rss_open = peak_rss_bytes()
+    log = walj.Log.open(path)
+    log.close()
+    t2 = time.perf_counter()
+    return {"open_s": t1 - t0, "verify_s": t2 - t1, "rss_open": rss_open, "blocked": blocked}
 
 
 def sqlite_scan(db: Path) -> dict[str, Any]:
     import sqlite3
 
+    from bench_baselines import decode
+
+    select = "SELECT data FROM records ORDER BY seq"
     t0 = time.perf_counter()
     conn = sqlite3.connect(db)
     n = 0
-    for (data,) in conn.execute("SELECT data FROM records ORDER BY seq"):
-        if json.loads(data) is not None:
+    for (data,) in conn.execute(select):
+        if data is not None:
             n += 1
     conn.close()
     t1 = time.perf_counter()
-    return {"open_s": t1 - t0, "records": n, "rss_open": peak_rss_bytes()}
+    rss_open = peak_rss_bytes()
+    conn = sqlite3.connect(db)
+    m = 0
+    for (data,) in conn.execute(select):
+        if decode(data) is not None:
+            m += 1
+    conn.close()
+    t2 = time.perf_counter()
+    if m != n:
+        raise RuntimeError(f"decoded {m} of {n} rows")
+    return {
+        "open_s": t1 - t0,
+        "read_s": t2 - t1,
+        "records": n,
+        "rss_open": rss_open,
+        "rss_end": peak_rss_bytes(),
+    }
 
 
 def verify(path: Path) -> dict[str, Any]:

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -252,8 +250,10 @@ class Target:
 
 @dataclass
 class Row:
+    """One published figure: walj's median, its same-run baseline's median, and their ratio."""
+
     id: str
-    figure: str
+    figure: str  # what is measured, shortly: "durable append, sync=always"
     unit: str  # "rec/s", "calls/s", "us", "s", "MB"
     walj: float | None
     base: float | None
@@ -261,16 +261,43 @@ class Row:
     targets: list[Target] = field(default_factory=list)
     status: str | None = None  # "skipped: ..." or "error: ..."
     base_status: str | None = None
-    note: str = ""
+    measures: str = ""  # one clause: the work walj's side does per operation
+    baseline: str = ""  # one clause: what the baseline is, or why there is none
+    round_ratios: list[float] = field(default_factory=list)  # the ratio in each round
+    extra: dict[str, float] = field(default_factory=dict)  # counted figures (records per fsync)
+
+    def target_results(self) -> list[bool | None]:
+        if self.status:
+            return [None for _ in self.targets]
+        return [t.met(self.walj, self.ratio) for t in self.targets]
 
     @property
     def met(self) -> str:
-        if self.status or not self.targets:
-            return "—"
-        results = [t.met(self.walj, self.ratio) for t in self.targets]
-        if any(r is None for r in results):
+        results = self.target_results()
+        if not results or any(r is None for r in results):
             return "—"
         return "yes" if all(results) else "no"
+
+
+def _value(sample: Sample, attr: str) -> float | None:
+    v = sample.value if attr == "value" else getattr(sample, attr)
+    return None if v is None else float(v)
+
+
+def round_ratios(
+    walj: Series, base: Series, attr: str, base_scale: float, lower_is_better: bool
+) -> list[float]:
+    """The ratio in each interleaved round (the i-th sample of each series ran in round i)."""
+    if walj.status or base.status or len(walj.samples) != len(base.samples):
+        return []
+    out = []
+    for ws, bs in zip(walj.samples, base.samples, strict=True):
+        w, b = _value(ws, attr), _value(bs, attr)
+        if w is None or b is None or w <= 0 or b <= 0:
+            return []
+        b *= base_scale
+        out.append(b / w if lower_is_better else w / b)
+    return out
 
 
 def speed_row(
@@ -279,6 +306,8 @@ def speed_row(
     walj: Series,
     base: Series | None,
     *,
+    measures: str = "",
+    baseline: str = "",
     attr: str = "value",
     base_scale: float = 1.0,
     targets: list[Target] | None = None,
@@ -310,59 +339,9 @@ def speed_row(
         targets=targets or [],
         status=walj.status,
         base_status=base.status if base is not None else None,
+        measures=measures,
+        baseline=baseline,
+        round_ratios=(
+            round_ratios(walj, base, attr, base_scale, lower_is_better) if base else []
+        ),
     )
-
-
-# --- the machine -------------------------------------------------------------------------------
-
-
-def cpu_model() -> str:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine() or "unknown CPU"
-
-
-def filesystem_of(path: Path) -> str:
-    """The file-system type holding `path` (Linux /proc/mounts; 'unknown' elsewhere)."""
-    real = str(path.resolve())
-    best, fstype = "", "unknown"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/mounts").read_text().splitlines():
-            parts = line.split()
-            if len(parts) < 3:
-                continue
-            mnt = parts[1].replace("\\040", " ")
-            inside = real == mnt or real.startswith(mnt.rstrip("/") + "/")
-            if inside and len(mnt) >= len(best):
-                best, fstype = mnt, parts[2]
-    return fstype
-
-
-def machine_line(workdir: Path) -> str:
-    now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    return (
-        f"{cpu_model()}, {os.cpu_count()} cores, {filesystem_of(workdir)}, "
-        f"{platform.python_implementation()} {platform.python_version()}, "
-        f"{platform.system()} {platform.release()}, {now}"
-    )
-
-
-def same_device(a: Path, b: Path) -> bool | None:
-    try:
-        return os.stat(a).st_dev == os.stat(b).st_dev
-    except OSError:
-        return None
-
-
-def peak_rss_bytes() -> int:
-    """This process's peak resident set size (VmHWM), in bytes."""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    import resource
-
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak if sys.platform == "darwin" else peak * 1024

@@ -1,4 +1,4 @@
-"""Open/scan figures: log open, journal open + rebuild, SQLite scan, peak RSS, the zipapp hook."""
+"""Open/scan figures: log open and read, journal open, SQLite scans, peak RSS, the zipapp."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from bench_baselines import sqlite_fixture
+from bench_baselines import encode, sqlite_fixture
 from bench_core import (
     BENCH_DIR,
     REPO_ROOT,
@@ -65,7 +65,7 @@ class Fixtures:
                 run_child(["build-log", str(path), str(db), str(n)], self.env)
                 self._logs[n] = (path, db)
             else:
-                sqlite_fixture(db, (json.dumps(make_record(i)) for i in range(n)))
+                sqlite_fixture(db, (encode(make_record(i)) for i in range(n)))
                 self._logs[n] = (None, db)
             self.say(f"  built log fixture of {n:,} records in {time.perf_counter() - t0:.1f} s")
         return self._logs[n]
@@ -82,14 +82,21 @@ class Fixtures:
         return self._journals[n]
 
 
+# Child output keys timed after the first step, and the extra each one becomes (records/s).
+SECOND_STEPS = {"read_s": "read_rate", "verify_s": "verify_rate"}
+
+
 def _child_measure(args: list[str], env: dict[str, str], records: int) -> Measure:
+    """The child's first timed step is the sample's value; later steps and RSS are extras."""
+
     def measure(_d: Path) -> Sample:
         out = run_child(args, env)
         n = int(out.get("records", records))
         sample = Sample(value=n / out["open_s"], ops=n, seconds=out["open_s"])
         sample.extra["rss_mb"] = out["rss_open"] / 1e6
-        if "read_s" in out:
-            sample.extra["read_rate"] = n / out["read_s"]
+        for key, extra in SECOND_STEPS.items():
+            if key in out:
+                sample.extra[extra] = n / out[key]
         return sample
 
     return measure
@@ -126,9 +133,9 @@ def open_measures(
 
 
 def derived(series: Series, key: str, unit: str) -> Series:
-    """A series made of one `extra` value of each sample of another."""
+    """A series made of one `extra` value of each sample of another (same rounds, same ops)."""
     out = Series(series.name + ":" + key, unit, skipped=series.skipped, error=series.error)
-    out.samples = [Sample(value=s.extra[key]) for s in series.samples if key in s.extra]
+    out.samples = [Sample(value=s.extra[key], ops=s.ops) for s in series.samples if key in s.extra]
     return out
 
 

@@ -39,23 +39,78 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
+MARK = {True: "✓", False: "✗", None: "?"}
+
+
+def target_text(targets: list[dict[str, Any]]) -> str:
+    """Each target with ✓ (met), ✗ (missed) or ? (not measured); "—" when there is none."""
+    return ", ".join(f"{t['label']} {MARK[t['met']]}" for t in targets) or "—"
+
+
+def ratio_text(ratio: float | None) -> str:
+    return "—" if ratio is None else f"{ratio:.2f}×"
+
+
+def rounds_text(rounds: list[float]) -> str:
+    """The spread of the per-round ratios: "0.74–0.93× over 7"."""
+    if not rounds:
+        return "—"
+    return f"{min(rounds):.2f}–{max(rounds):.2f}× over {len(rounds)}"
+
+
+def row_doc(r: Row) -> dict[str, Any]:
+    """One row as latest.json stores it."""
+    return {
+        "id": r.id,
+        "figure": r.figure,
+        "measures": r.measures,
+        "baseline_is": r.baseline,
+        "unit": r.unit,
+        "walj": r.walj,
+        "baseline": r.base,
+        "ratio": None if r.status or r.base_status else r.ratio,
+        "ratio_rounds": r.round_ratios,
+        "targets": [
+            {"label": t.label, "kind": t.kind, "threshold": t.threshold, "met": met}
+            for t, met in zip(r.targets, r.target_results(), strict=True)
+        ],
+        "met": r.met,
+        "status": r.status,
+        "baseline_status": r.base_status,
+        "extra": r.extra,
+    }
+
+
+def value_text(value: float | None, status: str | None, unit: str) -> str:
+    return status or fmt(value, unit)
+
+
 def markdown(
     header: list[str], rows: list[Row], series: dict[str, Series], notes: list[str]
 ) -> str:
     lines = ["# walj benchmark results", ""]
     lines += header
     lines += ["", RATIO_NOTE, ""]
-    lines.append("| id | figure | walj | baseline | ratio | target | met? |")
-    lines.append("|---|---|---|---|---|---|---|")
+    lines.append(
+        "| id | figure: what walj does | walj | baseline (what it is) | ratio | "
+        "ratio per round | counted | target |"
+    )
+    lines.append("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        walj = r.status or fmt(r.walj, r.unit)
-        if r.base_status:
-            base = "—" if r.base_status == r.status else r.base_status
-        else:
-            base = fmt(r.base, r.unit) if r.base is not None else "—"
-        ratio = f"{r.ratio:.2f}×" if r.ratio is not None and not r.status else "—"
-        target = ", ".join(t.label for t in r.targets) or "—"
-        cells = [f"`{r.id}`", r.figure, walj, base, ratio, target, r.met]
+        d = row_doc(r)
+        walj = value_text(r.walj, r.status, r.unit)
+        base = value_text(r.base, r.base_status, r.unit)
+        counted = ", ".join(f"{k.replace('_', ' ')} {v:.2f}" for k, v in r.extra.items())
+        cells = [
+            f"`{r.id}`",
+            f"{r.figure}: {r.measures}" if r.measures else r.figure,
+            walj,
+            f"{base} ({r.baseline})" if r.baseline else base,
+            ratio_text(d["ratio"]),
+            rounds_text(r.round_ratios),
+            counted or "—",
+            target_text(d["targets"]),
+        ]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     lines += ["", "## Series (every repetition, in order)", ""]
     lines.append("| series | median | p50 | p99 | repetitions |")
@@ -73,23 +128,19 @@ def markdown(
     return "\n".join(lines) + "\n"
 
 
+def _extras(s: Series) -> dict[str, float]:
+    keys = sorted({k for x in s.samples for k in x.extra})
+    out = {}
+    for k in keys:
+        v = s.extra_median(k)
+        if v is not None:
+            out[k] = v
+    return out
+
+
 def as_json(meta: dict[str, Any], rows: list[Row], series: dict[str, Series]) -> str:
     doc: dict[str, Any] = dict(meta)
-    doc["rows"] = [
-        {
-            "id": r.id,
-            "figure": r.figure,
-            "unit": r.unit,
-            "walj": r.walj,
-            "baseline": r.base,
-            "ratio": r.ratio,
-            "targets": [t.label for t in r.targets],
-            "met": r.met,
-            "status": r.status,
-            "baseline_status": r.base_status,
-        }
-        for r in rows
-    ]
+    doc["rows"] = [row_doc(r) for r in rows]
     doc["series"] = {
         s.name: {
             "unit": s.unit,
@@ -97,11 +148,12 @@ def as_json(meta: dict[str, Any], rows: list[Row], series: dict[str, Series]) ->
             "values": [x.value for x in s.samples],
             "p50_us": s.median_of("p50_us"),
             "p99_us": s.median_of("p99_us"),
+            "extra": _extras(s),
             "status": s.status,
         }
         for s in series.values()
     }
-    return json.dumps(doc, indent=2, allow_nan=False, default=str) + "\n"
+    return json.dumps(doc, indent=2, allow_nan=False, ensure_ascii=False, default=str) + "\n"
 
 
 def matplotlib_available() -> bool:
@@ -164,10 +216,10 @@ def plot(out: Path, series: dict[str, Series], threads: list[int], sizes: list[i
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     drew = False
     for prefix, label in (
-        ("log-open-", "walj Log.open (recovery scan)"),
-        ("journal-open-", "walj ToolJournal.open (state rebuilt)"),
-        ("sqlite-scan-", "SQLite scan + json.loads (log rows)"),
-        ("sqlite-journal-", "SQLite scan + json.loads (journal rows)"),
+        ("log-open-", "walj Log.open (checksums, no decode)"),
+        ("journal-open-", "walj ToolJournal.open (decoded, state rebuilt)"),
+        ("sqlite-scan-", "SQLite scan, no decode (log rows)"),
+        ("sqlite-journal-", "SQLite scan, no decode (journal rows)"),
     ):
         pts = [
             (s.samples[0].ops, s)

@@ -4,7 +4,8 @@
     python benchmarks/run.py --quick    # under a minute
     python benchmarks/run.py --only group --quick
 
-Writes benchmarks/results/latest.md, latest.json and PNG plots (when matplotlib is installed).
+Writes benchmarks/results/latest.md, latest.json and PNG plots (when matplotlib is installed);
+`python benchmarks/readme_table.py` then rewrites the README's figures from latest.json.
 """
 
 from __future__ import annotations
@@ -21,19 +22,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_open  # noqa: E402
 import bench_report  # noqa: E402
 import bench_walj  # noqa: E402
+from bench_baselines import CODEC  # noqa: E402
 from bench_core import (  # noqa: E402
     BENCH_DIR,
     REPO_ROOT,
     Config,
     Row,
     Series,
-    filesystem_of,
     import_walj,
-    machine_line,
     mode_defaults,
-    same_device,
 )
 from bench_figures import ALIASES, GROUPS, Say, run_group  # noqa: E402
+from bench_machine import filesystem_of, machine_line, same_device  # noqa: E402
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -185,12 +185,26 @@ def write_outputs(
 ) -> int:
     cfg.out.mkdir(parents=True, exist_ok=True)
     notes = [
-        "SQLite: WAL mode, one INSERT of the json.dumps record + commit per record; "
+        f"Every record is encoded with the encoder walj uses ({CODEC}), by walj and by every "
+        "baseline; the raw loops write one line encoded before the loop.",
+        "SQLite: WAL mode, one INSERT of the encoded record (a BLOB) + commit per record; "
         "multi-threaded runs use one connection per thread with busy_timeout.",
-        "JSONL: open(..., 'a'), one json.dumps line, write + flush per record (+ os.fsync).",
-        "Open figures: every repetition runs in a fresh interpreter (page cache warm); peak "
-        "RSS is that process's VmHWM, interpreter included.",
+        "JSONL: open(..., 'ab'), one encoded line, write + flush per record (+ fdatasync, "
+        "the data sync walj uses; F_FULLFSYNC on macOS).",
+        "Counted figures (fsyncs per record, records per fsync, writes per call) count the "
+        "sync, directory-sync and write calls walj makes, through its file-system seam "
+        "(walj/_fs.py, the `_fs` option of Log.open), while the timed loop runs; medians "
+        "over the rounds.",
+        "Ratio per round: the ratio of the walj and baseline repetitions that ran in the same "
+        "interleaved round, lowest to highest; the ratio column is the ratio of the medians.",
+        "Open figures: every repetition runs in a fresh interpreter (page cache warm) that "
+        "times two steps: walj Log.open then walj.read (a journal: ToolJournal.open then "
+        "Log.open of its directory); SQLite a scan with no decode then a scan with decode. "
+        "Peak RSS is that process's VmHWM after its first step, interpreter included.",
         "Journal fixtures are written with fsync switched off in the building process only.",
+        "dispatch.python: the dispatch and its two-append baseline run with their sync calls "
+        "counted and not made (through the same seam), to time the Python around the fsyncs; "
+        "nothing durable is claimed for them.",
     ]
     dev = same_device(cfg.workdir.parent, REPO_ROOT)
     notes.append(
@@ -225,10 +239,15 @@ def write_outputs(
         "",
         f"Command: `{cfg.command}`",
     ]
-    (cfg.out / "latest.md").write_text(bench_report.markdown(header, rows, series, notes))
+    (cfg.out / "latest.md").write_text(
+        bench_report.markdown(header, rows, series, notes), encoding="utf-8"
+    )
     meta = {
         "machine": machine,
         "mode": mode,
+        "codec": CODEC,
+        "threads": cfg.threads,
+        "open_sizes": cfg.open_sizes,
         "scale": cfg.scale,
         "reps": cfg.reps,
         "proc_reps": cfg.proc_reps,
@@ -238,7 +257,7 @@ def write_outputs(
         "plots": written,
         "elapsed_s": elapsed,
     }
-    (cfg.out / "latest.json").write_text(bench_report.as_json(meta, rows, series))
+    (cfg.out / "latest.json").write_text(bench_report.as_json(meta, rows, series), encoding="utf-8")
     width = max((len(r.id) for r in rows), default=10)
     for r in rows:
         walj = r.status or bench_report.fmt(r.walj, r.unit)
@@ -246,6 +265,7 @@ def write_outputs(
         base_txt = r.base_status or bench_report.fmt(r.base, r.unit)
         say(f"{r.id:<{width}}  {walj:>24}  {base_txt:>24}  {ratio:>7}  {r.met}")
     say(f"wrote {cfg.out / 'latest.md'} in {elapsed:.0f} s")
+    say("python benchmarks/readme_table.py rewrites the README's figures from latest.json")
     errors = [s for s in series.values() if s.error]
     for s in errors:
         say(f"ERROR in series {s.name}: {s.error}")

@@ -28,3 +28,14 @@ def all_data(path: Path, **options: Any) -> list[dict[str, Any]]:
         assert record.seq == expected_seq
         out.append(record.data)
     return out
+
+
+def load_script(path: Path) -> Any:
+    """Import a script that is not in a package (benchmarks/, tools/) as a module."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

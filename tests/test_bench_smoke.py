@@ -1,4 +1,4 @@
-"""Smoke test of the benchmark harness: a tiny quick run must finish and write every table row."""
+"""Smoke test of the benchmark harness: a tiny quick run must finish and measure every table row."""
 
 from __future__ import annotations
 
@@ -8,11 +8,17 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
-import walj
+import pytest
+
+from tests.helpers import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN = ROOT / "benchmarks" / "run.py"
+BUILD_ZIPAPP = ROOT / "tools" / "build_zipapp.py"
+REPS = 2
 
 THREADS = [1, 2, 4, 8, 16]
 SIZES = [1, 2, 3]
@@ -22,84 +28,115 @@ LOG_ROWS = (
         "durable.raw",
         "durable.sqlite_full",
         "durable.jsonl_fsync",
+        "unsynced.rate",
         "unsynced.sqlite_normal",
         "unsynced.jsonl",
-        "unsynced.rate",
     ]
     + [f"latency.{m}.{q}" for m in ("always", "batch", "interval", "never") for q in ("p50", "p99")]
     + [f"group.{n}" for n in THREADS]
     + ["group.scaling"]
     + [f"{fig}.log.{k}" for k in SIZES for fig in ("open", "scan", "rss")]
 )
-JOURNAL_ROWS = ["dispatch.noop"] + [f"{fig}.journal.{k}" for k in SIZES for fig in ("open", "rss")]
+JOURNAL_ROWS = ["dispatch.noop", "dispatch.python"] + [
+    f"{fig}.journal.{k}" for k in SIZES for fig in ("open", "logopen", "rss")
+]
 ZIPAPP_ROWS = [f"zipapp.{k}" for k in SIZES]
 EXPECTED = LOG_ROWS + JOURNAL_ROWS + ZIPAPP_ROWS
 PLOTS = ["group_commit.png", "open_time.png", "latency.png"]
 
 
-def _run_quick(tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], Path]:
-    out = tmp_path / "out"
+def _load_renderer() -> ModuleType:
+    module: ModuleType = load_script(ROOT / "benchmarks" / "readme_table.py")
+    return module
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """A tiny quick run with a freshly built zipapp, so that every row must be measured."""
+    tmp = tmp_path_factory.mktemp("bench")
+    pyz = tmp / "walj-forensic.pyz"
+    build = subprocess.run(
+        [sys.executable, str(BUILD_ZIPAPP), "--output", str(pyz)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert build.returncode == 0 and pyz.is_file(), build.stderr
+    out = tmp / "out"
     cmd = [
-        sys.executable,
-        str(RUN),
-        "--quick",
-        "--scale",
-        "0.04",
-        "--reps",
-        "2",
-        "--out",
-        str(out),
-        "--dir",
-        str(tmp_path / "work"),
-    ]
+        sys.executable, str(RUN), "--quick", "--scale", "0.04", "--reps", str(REPS),
+        "--out", str(out), "--dir", str(tmp / "work"), "--zipapp", str(pyz),
+    ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, check=False)
-    return proc, out
-
-
-def test_quick_run_writes_every_row(tmp_path: Path) -> None:
-    proc, out = _run_quick(tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads((out / "latest.json").read_text(encoding="utf-8"))
+    return out, doc
 
+
+def test_every_row_is_written_once(quick_run: tuple[Path, dict[str, Any]]) -> None:
+    out, doc = quick_run
     md = (out / "latest.md").read_text(encoding="utf-8")
     assert md.startswith("# walj benchmark results")
     assert "Machine: " in md
     table_ids = re.findall(r"^\| `([a-z0-9_.]+)` \|", md, flags=re.MULTILINE)
     for row_id in EXPECTED:
         assert table_ids.count(row_id) == 1, f"row {row_id} missing from latest.md"
+    ids = [r["id"] for r in doc["rows"]]
+    assert sorted(ids) == sorted(EXPECTED), "latest.json rows differ from the expected set"
+    assert doc["threads"] == THREADS and len(doc["open_sizes"]) == len(SIZES)
 
-    doc = json.loads((out / "latest.json").read_text(encoding="utf-8"))
+
+def test_every_row_is_measured_against_its_baseline(
+    quick_run: tuple[Path, dict[str, Any]],
+) -> None:
+    _out, doc = quick_run
     rows = {r["id"]: r for r in doc["rows"]}
-    assert set(EXPECTED) <= set(rows)
-
-    # Baselines are measured whatever state walj is in.
-    for row_id in ["durable.raw", "durable.sqlite_full", "unsynced.sqlite_normal", "group.8"]:
-        assert rows[row_id]["baseline"] is not None and rows[row_id]["baseline_status"] is None
-    assert rows["dispatch.noop"]["baseline"] is not None
-
-    # The log figures run for real: measured, with a ratio, no skip and no error.
-    for row_id in LOG_ROWS:
+    # No row may be skipped: the journal exists and the zipapp was built above.
+    for row_id in EXPECTED:
         row = rows[row_id]
-        assert row["status"] is None, f"{row_id}: {row['status']}"
+        assert row["status"] is None and row["baseline_status"] is None, (row_id, row)
         assert row["walj"] is not None and row["walj"] > 0, row_id
-        if row_id != "unsynced.rate":
-            assert row["ratio"] is not None and row["ratio"] > 0, row_id
+        assert row["baseline"] is not None and row["baseline"] > 0, row_id
+        assert row["ratio"] is not None and row["ratio"] > 0, row_id
+        assert row["measures"] and row["baseline_is"], f"{row_id} does not say what it measured"
+        assert len(row["ratio_rounds"]) == REPS, row_id
+        for target in row["targets"]:
+            assert target["met"] in (True, False), (row_id, target)
+    # The baselines encode with walj's own encoder.
+    assert doc["codec"].startswith("msgspec")
 
-    # The journal figures run once the journal exists, and say why not until then.
-    for row_id in JOURNAL_ROWS:
-        row = rows[row_id]
-        if hasattr(walj, "ToolJournal"):
-            assert row["status"] is None, f"{row_id}: {row['status']}"
-            assert row["walj"] is not None and row["walj"] > 0, row_id
-        else:
-            assert row["status"] == "skipped: journal not available", row_id
 
-    # The zipapp hook measures it when built and skips it, saying so, otherwise.
-    for row_id in ZIPAPP_ROWS:
-        status = rows[row_id]["status"]
-        assert status is None or status.startswith("skipped: zipapp not built"), status
+def test_fsyncs_are_counted(quick_run: tuple[Path, dict[str, Any]]) -> None:
+    _out, doc = quick_run
+    rows = {r["id"]: r for r in doc["rows"]}
+    # sync="always": durable on return, so at least one fsync per record.
+    assert rows["durable.raw"]["extra"]["fsyncs_per_record"] >= 1.0
+    # One thread: every batch holds one record; more threads share fsyncs (or not), counted.
+    assert rows["group.1"]["extra"]["records_per_fsync"] == pytest.approx(1.0, abs=0.01)
+    for n in THREADS:
+        extra = rows[f"group.{n}"]["extra"]
+        assert 1.0 <= extra["records_per_fsync"] <= n + 0.01, (n, extra)
+        assert extra["fsyncs_per_s"] > 0, n
+    noop = rows["dispatch.noop"]["extra"]
+    assert noop["fsyncs_per_call"] >= 1.0 and noop["writes_per_call"] >= 1.0, noop
+    left_out = rows["dispatch.python"]["extra"]
+    assert left_out["fsyncs_left_out_per_call"] == pytest.approx(noop["fsyncs_per_call"])
 
+
+def test_the_readme_block_renders_from_a_quick_run(
+    quick_run: tuple[Path, dict[str, Any]],
+) -> None:
+    _out, doc = quick_run
+    block = _load_renderer().render(doc)
+    assert "not measured in this run" not in block
+    assert "short, scaled-down run" in block  # a quick run says it is one
+    assert doc["machine"] in block
+
+
+def test_plots_or_a_note(quick_run: tuple[Path, dict[str, Any]]) -> None:
+    out, doc = quick_run
+    md = (out / "latest.md").read_text(encoding="utf-8")
     if importlib.util.find_spec("matplotlib") is not None:
+        assert doc["plots"] == PLOTS
         for name in PLOTS:
             assert (out / name).stat().st_size > 0, f"{name} not written"
     else:
-        assert "tables only" in md
+        assert doc["plots"] == [] and "tables only" in md

@@ -24,7 +24,7 @@ from helpers import segments
 PROBLEM_KEYS = {"file", "offset", "seq", "kind", "detail"}
 BLOCKER_KEYS = {"execution_id", "tool", "call_id", "state", "turn_sequence", "arguments_sha256",
                 "arguments_preview", "idempotency_key", "started_at", "age_seconds", "seq",
-                "error_type", "reconcile_error", "arguments"}
+                "error_type", "reconcile_error", "arguments", "quarantine_file"}
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +166,7 @@ def test_inspect_clean_journal(logs: dict[str, Any]) -> None:
     run = walj_cli("inspect", logs["clean"], "--json")
     assert run.code == 0, run.err
     report = run.json()
-    assert report["schema"] == "walj.inspect/1"
+    assert report["schema"] == "walj.inspect/2"
     assert set(report) >= {"path", "log_id", "now", "log_started_at", "records", "last_seq",
                            "log_ok", "problems", "torn_tail", "writer", "blocked", "blockers",
                            "incomplete_turns", "pending_llm_calls", "resolutions"}
@@ -209,7 +209,7 @@ def test_inspect_one_execution_and_unknown_ids(logs: dict[str, Any]) -> None:
     run = walj_cli("inspect", logs["blocked"], eid[:10], "--json")
     assert run.code == 1
     report = run.json()
-    assert report["schema"] == "walj.execution/1" and report["execution_id"] == eid
+    assert report["schema"] == "walj.execution/2" and report["execution_id"] == eid
     assert [r["data"]["k"] for r in report["records"]] == [
         "tool_execution_started", "tool_execution_ambiguous"]
     assert report["blocker"]["state"] == "ambiguous"
@@ -336,3 +336,28 @@ def test_pending_llm_call_in_inspect_and_timeline(tmp_path: Path) -> None:
     assert [c["pending"] for t in turns for c in t["llm_calls"]] == [False, True]
     first = turns[0]
     assert first["llm_calls"][0]["seq"] < first["executions"][0]["seq"]
+
+
+def test_timeline_pairs_turns_as_the_recovery_rebuild_does(tmp_path: Path) -> None:
+    """One pairing rule, owned by the rebuild: a completion completes the latest unpaired start.
+    Turn 2 completes, turn 1 (tool-bearing) stays interrupted: timeline and inspect agree."""
+    path = tmp_path / "log"
+    records = [
+        {"k": "turn_started", "v": 1, "turn": 1, "t": 1.0},
+        {"k": "tool_execution_started", "v": 1, "id": "e" * 32, "turn": 1, "tool": "send",
+         "call": "c1", "t": 1.1},
+        {"k": "tool_execution_finished", "v": 1, "id": "e" * 32, "t": 1.2, "o": "ok"},
+        {"k": "turn_started", "v": 1, "turn": 2, "t": 2.0},
+        {"k": "turn_completed", "v": 1, "turn": 1, "t": 3.0},  # pairs with turn 2 (LIFO)
+    ]
+    import walj
+
+    with walj.Log.open(path) as log:
+        for record in records:
+            log.append(record)
+    timeline = walj_cli("timeline", path, "--json").json()
+    completed = {t["turn_sequence"]: t["completed_at"] for t in timeline["turns"]}
+    assert completed == {1: None, 2: 3.0}
+    inspect = walj_cli("inspect", path, "--json").json()
+    assert [(b["state"], b["turn_sequence"]) for b in inspect["blockers"]] == [
+        ("interrupted_turn", 1)]

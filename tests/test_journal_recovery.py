@@ -232,5 +232,5 @@ def test_recovery_and_fingerprint_need_only_the_standard_library(tmp_path: Path)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0] == "started"
-    assert lines[1] == str(sorted(["walj", "walj._recovery", "walj._records",
+    assert lines[1] == str(sorted(["walj", "walj._recovery", "walj._records", "walj._damage",
                                    "walj._fingerprint", "walj._codec", "walj.errors"]))

@@ -219,12 +219,15 @@ def test_resealed_segment_is_caught_by_the_chain(logdir: Path) -> None:
     assert info.value.kind == "seal_chain"
 
 
-def test_zeroed_block_in_the_active_segment_is_a_crash_hole(logdir: Path) -> None:
-    """A power cut can lose an unsynced write while later ones reach the disk: zeroed sectors,
-    then verified lines. None of those lines was acknowledged (a sync covering them would have
-    covered the hole), so recovery cuts from the hole on, into quarantine; verify says so."""
+def test_zeroed_block_in_the_active_segment_is_cut_kept_and_reported(logdir: Path) -> None:
+    """Zeroed sectors, then verified lines, in the last segment. Written with sync="always",
+    every one of those lines was acknowledged: this is damage to synced data, though it looks
+    exactly like the hole a power cut leaves among unsynced appends. The log cannot tell the two
+    apart, so it cuts from the hole on (docs/FORMAT.md), keeping every byte in quarantine; but a
+    reader is told (crash_hole) rather than handed a prefix as if the log ended there. (The
+    journal, which knows what it synced, blocks on it: tests/test_journal_damage.py.)"""
     records = make_records(200)
-    write_log(logdir, records, segment_bytes=1 << 20)
+    write_log(logdir, records, segment_bytes=1 << 20, sync="always")
     seg = segments(logdir)[-1]
     original = seg.read_bytes()
     data = bytearray(original)
@@ -235,7 +238,11 @@ def test_zeroed_block_in_the_active_segment_is_a_crash_hole(logdir: Path) -> Non
     assert report.torn_tail is not None and report.torn_tail.kind == "zero_fill"
     with pytest.raises(walj.CorruptionError):
         walj.Log.open(logdir, recovery="strict")
-    kept = [r.data for r in walj.read(logdir)]
+    kept: list[dict[str, object]] = []
+    with pytest.raises(walj.CorruptionError) as raised:
+        for record in walj.read(logdir):
+            kept.append(record.data)
+    assert raised.value.kind == "crash_hole" and raised.value.offset == report.torn_tail.offset
     assert kept == records[: len(kept)] and 0 < len(kept) < 200
     with walj.Log.open(logdir) as log:
         assert log.last_seq == len(kept)
@@ -244,6 +251,7 @@ def test_zeroed_block_in_the_active_segment_is_a_crash_hole(logdir: Path) -> Non
     cut = (logdir / "quarantine" / q.file).read_bytes()
     assert seg.read_bytes() + cut == bytes(data)
     assert walj.verify(logdir).ok
+    assert [r.data for r in walj.read(logdir)] == kept  # once cut, the log ends there
 
 
 def test_zeroed_block_in_a_sealed_segment_refuses(logdir: Path) -> None:

@@ -43,6 +43,7 @@ __all__ = [
 from ._journal import ToolJournal  # noqa: E402
 from ._records import (  # noqa: E402
     Blocker,
+    Cut,
     IncompleteTurn,
     PendingLLMCall,
     Recovery,
@@ -59,6 +60,7 @@ from .errors import (  # noqa: E402
 
 __all__ += [
     "Blocker",
+    "Cut",
     "IncompleteTurn",
     "PendingLLMCall",
     "Recovery",

@@ -14,10 +14,13 @@ from .errors import SerializationError, UnsupportedVersionError
 xxh64_intdigest: Callable[[bytes | memoryview], int]
 try:
     from xxhash import xxh64_intdigest
+
+    PURE_XXH64 = False
 except ImportError:  # the forensic zipapp verifies with the pure-Python implementation
     from ._xxh64 import xxh64_intdigest as _pure_xxh64
 
     xxh64_intdigest = _pure_xxh64
+    PURE_XXH64 = True
 
 FORMAT_VERSION = 1
 

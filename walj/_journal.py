@@ -13,8 +13,8 @@ from pathlib import Path
 from types import MappingProxyType, TracebackType
 from typing import Any
 
+from . import _damage, _resolve
 from . import _records as rc
-from . import _resolve
 from ._fingerprint import (
     ARGUMENTS_PREVIEW_CHARS,
     DEFAULT_REDACT_KEYS,
@@ -136,6 +136,7 @@ class ToolJournal:
                 block_on_pending_llm_calls=bool(block_on_pending_llm_calls),
             )
             if log_options.get("recovery") != "salvage":
+                journal._record_cuts()
                 _resolve.settle_automatically(journal)
             return journal
         except BaseException:
@@ -286,6 +287,15 @@ class ToolJournal:
                 with self._lock:
                     self._beginning.discard(execution_id)
                     self._abandoned.pop(execution_id, None)
+
+    def _record_cuts(self) -> None:
+        """On open: a durable log_cut record for each cut in quarantine/ not yet recorded, so a
+        cut that no crash explains blocks from now on, here and after every reopen. A crash
+        between a cut and its record leaves the manifest line, and the next open records it."""
+        with self._write_lock:
+            for record in _damage.unrecorded(self._log.quarantined(), self._state.cuts,
+                                             self._log.cut_lines, _now()):
+                self._write(record, durable=True)
 
     def _end(self, execution_id: str, record: dict[str, Any]) -> None:
         """Durably write an execution's terminal record; it leaves the live set with it."""
@@ -444,6 +454,7 @@ class ToolJournal:
     ) -> Resolution:
         """Settle an interrupted execution (or, with block_on_pending_llm_calls, a pending LLM
         call) durably. `outcome`: "succeeded", "failed" (needs a note) or "not_performed".
+        A log_damage blocker (its id is the quarantine file's name) takes "reviewed" and a note.
         Refusals raise ResolutionError and write nothing."""
         self._check_open()
         return _resolve.resolve(self, execution_id, outcome, note=note, actor=actor,

@@ -19,7 +19,7 @@ from ._format import encode_record, frame_record
 from ._fs import DEFAULT_FS, FileSystem, write_all
 from ._lock import WriterLock, forget_open_directories
 from ._opening import Replay, check_options, prepare_directory, recover
-from ._quarantine import Quarantined
+from ._quarantine import CutLine, Quarantined, cut_lines, read_manifest
 from ._segment import Problem, SegmentScan
 from .errors import PoisonedError, RecordTooLargeError
 
@@ -179,6 +179,10 @@ class Log(Durability):
             self._fs.sync(fd)
             self._fs.rename(tmp, final)
             self._fs.sync_dir(self._dir)
+            if index == 1:
+                # A directory found without segments may be one whose maker died before it
+                # synced the parent: it is durable only once that sync is done.
+                self._fs.sync_dir(os.path.dirname(os.path.abspath(self._dir)))
         except BaseException:
             self._fs.close(fd)
             raise
@@ -471,6 +475,16 @@ class Log(Durability):
     @property
     def log_id(self) -> str:
         return self._log_id
+
+    def quarantined(self) -> list[Quarantined]:
+        """Every cut into quarantine/ its manifest records, oldest first (recovery's and
+        `walj repair`'s alike)."""
+        return read_manifest(self._dir)
+
+    def cut_lines(self, entry: Quarantined) -> tuple[list[CutLine], bool]:
+        """The records among a cut's bytes whose checksums still verify, and whether the
+        quarantine file holds exactly the bytes its manifest line describes."""
+        return cut_lines(self._dir, entry)
 
     @property
     def last_seq(self) -> int:

@@ -87,12 +87,14 @@ def recover(fs: FileSystem, directory: str, mode: str, replay: Replay | None, *,
     deque(scan if replay is None else starmap(replay, scan), maxlen=0)
     last = scan.last
     quarantined = None
-    torn = scan.torn_tail
-    if torn is not None and writable:
-        quarantined = cut_segment(fs, directory, torn.file, torn.offset, torn.kind)
-        if torn.offset == 0:
+    # The torn tail lies in the last segment: one cut at most (the planner `walj repair` uses).
+    plan = scan.cuts(scan.segments, lambda name: fs.stat(os.path.join(directory, name)).st_size,
+                     through_damage=False) if writable else []
+    for name, offset, kind in plan:
+        quarantined = cut_segment(fs, directory, name, offset, kind)
+        if offset == 0:
             last = scan.before_last
-        elif last is not None and last.seal_offset is not None and last.seal_offset >= torn.offset:
+        elif last is not None and last.seal_offset is not None and last.seal_offset >= offset:
             last.seal = None  # the seal was cut with the tail: append to the segment again
     return Recovered(scan.log_id or uuid.uuid4().hex, last, scan.last_seq, scan.problems,
                      quarantined)

@@ -53,11 +53,15 @@ def read(
 
     Each record's checksum is verified before it is yielded. An incomplete last line is a write
     in progress (or a torn tail) and ends the iteration quietly; other damage raises
-    CorruptionError when reached (recovery="salvage" skips it instead).
+    CorruptionError when reached (recovery="salvage" skips it instead). So does a hole of
+    zeros with verified records after it (kind "crash_hole"): a power cut leaves one among
+    unsynced appends, which the writer's next open cuts, but damage to synced data looks the
+    same, and the records behind it are never handed out as if the log ended there.
     """
     directory = os.fspath(path)
     _check_directory(directory)
-    scan = LogScan(directory, mode=recovery, start_seq=start_seq, fs=_fs, follow_rotation=True)
+    scan = LogScan(directory, mode=recovery, start_seq=start_seq, fs=_fs, follow_rotation=True,
+                   report_holes=True)
     decode, decode_error = _codec.raw_decoder()
     salvage = recovery == "salvage"
     for seq, data in scan:

@@ -23,12 +23,15 @@ RECONCILE_FAILED = "tool_execution_reconcile_failed"
 LLM_STARTED = "llm_call_started"
 LLM_FINISHED = "llm_call_finished"
 LLM_RESOLVED = "llm_call_resolved"
+LOG_CUT = "log_cut"
+LOG_CUT_RESOLVED = "log_cut_resolved"
 
 # Blocker states.
 STATE_STARTED = "started"
 STATE_AMBIGUOUS = "ambiguous"
 STATE_INTERRUPTED_TURN = "interrupted_turn"
 STATE_PENDING_LLM_CALL = "pending_llm_call"
+STATE_LOG_DAMAGE = "log_damage"
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,7 @@ class Blocker:
     error_type: str | None = None
     reconcile_error: str | None = None
     arguments: Any = None
+    quarantine_file: str | None = None  # a log_damage blocker: the cut bytes, in quarantine/
 
 
 @dataclass(frozen=True)
@@ -72,10 +76,29 @@ class PendingLLMCall:
 
 
 @dataclass(frozen=True)
+class Cut:
+    """Bytes that recovery (or `walj repair`) cut from the log into quarantine/, as the journal
+    recorded them. `explained`: a crash accounts for them, because none of the records among
+    them can have been acknowledged; otherwise they block dispatch (state log_damage), for the
+    reason given, until a person resolves them."""
+
+    quarantine_file: str
+    segment: str
+    offset: int
+    length: int
+    kind: str
+    records: int
+    explained: bool
+    reason: str | None
+    seq: int
+    resolved: bool = False
+
+
+@dataclass(frozen=True)
 class Resolution:
     """A durable settlement by a person, a policy or a reconcile hook."""
 
-    kind: str  # "execution", "turn" or "llm_call"
+    kind: str  # "execution", "turn", "llm_call" or "log_cut"
     execution_id: str | None
     turn_sequence: int | None
     tool: str | None
@@ -98,3 +121,4 @@ class Recovery:
     resolved: tuple[Resolution, ...]
     records: int
     last_seq: int
+    cuts: tuple[Cut, ...] = ()

@@ -11,6 +11,7 @@ from typing import Any
 
 from . import _codec
 from . import _records as r
+from ._damage import CutLedger
 from ._records import Blocker as Blocker
 from ._records import IncompleteTurn as IncompleteTurn
 from ._records import PendingLLMCall as PendingLLMCall
@@ -169,8 +170,10 @@ class RecoveryState:
         # opened with block_on_pending_llm_calls=True): they block whatever the reader asks.
         self.blocking_llm_calls: set[str] = set()
         self.resolutions: list[Resolution] = []
+        self.cuts = CutLedger(self.resolutions)  # what recovery cut, and what of it blocks
         self.max_turn = 0
         self.top: OpenTurn | None = None  # the latest unpaired turn start
+        self.paired_turn: int | None = None  # the turn the last turn_completed completed
         self.records = 0
         self.last_seq = 0
         self._handlers: dict[str, Callable[[int, Mapping[str, Any]], None]] = {
@@ -179,7 +182,8 @@ class RecoveryState:
             r.FINISHED: self._finished, r.AMBIGUOUS: self._ambiguous, r.BLOCKED: self._ignore,
             r.RESOLVED: self._resolved, r.RECONCILE_FAILED: self._reconcile_failed,
             r.LLM_STARTED: self._llm_started, r.LLM_FINISHED: self._llm_finished,
-            r.LLM_RESOLVED: self._llm_resolved,
+            r.LLM_RESOLVED: self._llm_resolved, r.LOG_CUT: self.cuts.log_cut,
+            r.LOG_CUT_RESOLVED: self._cut_resolved,
         }
 
     # --- feeding --------------------------------------------------------------------------------
@@ -287,8 +291,10 @@ class RecoveryState:
     def _pop_turn(self) -> None:
         # LIFO: a completion pairs with the latest unpaired start, whatever its timestamp, so a
         # later completed turn can never pair with (and hide) an older interrupted one.
+        self.paired_turn = None
         if self.turn_stack:
-            del self.turns[self.turn_stack.pop()]
+            self.paired_turn = self.turn_stack.pop()
+            del self.turns[self.paired_turn]
             self.top = self.turns[self.turn_stack[-1]] if self.turn_stack else None
 
     def _turn_resolved(self, seq: int, record: Mapping[str, Any]) -> None:
@@ -378,13 +384,17 @@ class RecoveryState:
                        actor, _opt_str(record, "note"), _time(record), seq)
         )
 
+    def _cut_resolved(self, seq: int, record: Mapping[str, Any]) -> None:
+        outcome, actor = self._text(seq, record, "o"), self._text(seq, record, "actor")
+        self.cuts.resolved(seq, record, outcome, actor, _opt_str(record, "note"), _time(record))
+
     # --- reading --------------------------------------------------------------------------------
 
     def is_blocked(self, *, live_executions: Collection[str] = (), live_turn: int | None = None,
                    live_llm_calls: Collection[str] = (),
                    block_on_pending_llm_calls: bool = False) -> bool:
         """The cheap form of `snapshot(...).blocked`, for every dispatch."""
-        if len(self.executions) > len(live_executions):
+        if self.cuts.damage or len(self.executions) > len(live_executions):
             return True
         if any(eid not in live_executions for eid in self.executions):
             return True
@@ -420,11 +430,12 @@ class RecoveryState:
                                         call.turn_sequence, call.request_sha256,
                                         call.request_preview, started_at=call.started_at,
                                         seq=seq))
+        blockers += self.cuts.blockers()
         blockers.sort(key=lambda b: b.seq)
         return Recovery(blocked=bool(blockers), blockers=tuple(blockers),
                         incomplete_turns=tuple(incomplete), pending_llm_calls=tuple(pending),
                         resolved=tuple(self.resolutions), records=self.records,
-                        last_seq=self.last_seq)
+                        last_seq=self.last_seq, cuts=tuple(self.cuts.cuts.values()))
 
     def blocker(self, execution_id: str) -> Blocker:
         """The blocker view of an open execution (KeyError if it is not open)."""

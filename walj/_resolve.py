@@ -8,6 +8,7 @@ import unicodedata
 from typing import TYPE_CHECKING, Any
 
 from . import _records as rc
+from ._damage import REVIEWED
 from ._fingerprint import describe_error
 from ._read import read
 from ._records import Resolution
@@ -65,7 +66,12 @@ def _check_note(note: Any) -> None:
 
 def resolve(journal: ToolJournal, execution_id: Any, outcome: Any, *, note: Any, actor: Any,
             output: Any) -> Resolution:
-    """A person's resolution of an execution or pending LLM call; see ToolJournal.resolve."""
+    """A person's resolution of an execution, a pending LLM call or bytes recovery cut; see
+    ToolJournal.resolve."""
+    with journal._lock:
+        is_cut = isinstance(execution_id, str) and execution_id in journal._state.cuts.cuts
+    if is_cut or outcome == REVIEWED:
+        return _resolve_cut(journal, execution_id, outcome, note=note, actor=actor)
     if outcome not in RESOLVE_OUTCOMES:
         raise ResolutionError(
             f"outcome must be one of {', '.join(RESOLVE_OUTCOMES)}, not {outcome!r}",
@@ -102,6 +108,35 @@ def settle(journal: ToolJournal, execution_id: Any, outcome: str, *, note: str |
         }
         if output is not None:
             record["out"] = output
+        return _resolution(journal, journal._write(record, durable=True))
+
+
+def _resolve_cut(journal: ToolJournal, quarantine_file: Any, outcome: Any, *, note: Any,
+                 actor: Any) -> Resolution:
+    """Settle a log_damage blocker: a person has looked at the cut bytes in quarantine/ and
+    settled by hand whatever they held."""
+    if outcome != REVIEWED:
+        raise ResolutionError(f"bytes cut from the log are resolved with outcome {REVIEWED!r}, "
+                              f"once a person has looked at them, not {outcome!r}",
+                              reason="bad_outcome")
+    check_actor(actor)
+    _check_note(note)
+    if not (note and note.strip()):
+        raise ResolutionError("resolving damage needs a note saying what the cut bytes held and "
+                              "what was done about it", reason="note_required")
+    with journal._resolve_lock, journal._write_lock:
+        journal._write_settlements()
+        with journal._lock:
+            cuts = journal._state.cuts
+            open_cut = quarantine_file in cuts.damage
+            known = quarantine_file in cuts.cuts
+        if not open_cut:
+            if known:
+                raise ResolutionError(f"cut {quarantine_file} does not block (a crash explains "
+                                      "it, or it was resolved)", reason="already_resolved")
+            raise ResolutionError(f"unknown blocker id {quarantine_file!r}", reason="unknown")
+        record = {"k": rc.LOG_CUT_RESOLVED, "v": rc.CONTRACT_VERSION, "id": quarantine_file,
+                  "t": _now(), "o": REVIEWED, "actor": actor, "note": note}
         return _resolution(journal, journal._write(record, durable=True))
 
 

@@ -4,22 +4,17 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 
 from . import _format as fmt
 from ._fs import DEFAULT_FS, FileSystem, not_regular, refuse_hard_link
-from ._segment import Problem, SegmentScan, read_ends
+from ._segment import TAIL_KINDS, Problem, SegmentScan, bad_line_kind, read_ends
 from .errors import CorruptionError, UnsupportedVersionError
 
 MODES = ("tolerate_tail", "strict", "salvage")
 
-# Problems that a crash mid-append leaves at the end of the last segment. Anything else, or any
-# of these with a verified line after it, is damage.
-TAIL_KINDS = frozenset(
-    {"incomplete_line", "bad_checksum", "bad_line", "zero_fill", "oversize_line", "bad_header"}
-)
 
 
 @dataclass(frozen=True)
@@ -128,6 +123,7 @@ class LogScan:
         start_seq: int = 0,
         fs: FileSystem = DEFAULT_FS,
         follow_rotation: bool = False,
+        report_holes: bool = False,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"recovery must be one of {', '.join(MODES)}, not {mode!r}")
@@ -136,6 +132,7 @@ class LogScan:
         self.start_seq = start_seq
         self.fs = fs
         self.follow_rotation = follow_rotation
+        self.report_holes = report_holes
         self.problems: list[Problem] = []
         self.torn_tail: TornTail | None = None
         self.segments: list[str] = []
@@ -206,10 +203,53 @@ class LogScan:
     def _late_record(self, seg: SegmentScan, *, final: bool) -> bool:
         """Before a record that follows a problem: raise, drop it (False) or yield it (True)."""
         if self.mode != "salvage" and _crash_hole(seg, final):
+            if self.report_holes and self._hole_stays(seg):
+                first = seg.problems[0]
+                raise CorruptionError(
+                    f"{seg.name} has zeroed bytes at offset {first.offset} with verified "
+                    "records after them: a power cut's hole (the writer's next open cuts it "
+                    "into quarantine/) or damage to synced data; the records from there on are "
+                    "not read", file=seg.name, offset=first.offset, seq=first.seq,
+                    kind="crash_hole")
             return False  # behind a crash hole: recovery cuts it, a reader never sees it
         self._segment_problems(seg, seg.reported, final, before_record=True)
         seg.reported = len(seg.problems)
         return True
+
+    def cuts(self, names: list[str], size_of: Callable[[str], int], *,
+             through_damage: bool) -> list[tuple[str, int, str]]:
+        """Where to cut (segment, offset, kind), last segment first, so that what stays
+        verifies: at the torn tail (recovery on open), or, `through_damage`, at the first
+        problem or the torn tail with every later segment of `names` whole (`walj repair`)."""
+        points = [(fmt.segment_index(p.file) or 0, p.offset, p.kind)
+                  for p in (self.problems if through_damage else [])]
+        torn = self.torn_tail
+        if torn is not None:
+            points.append((fmt.segment_index(torn.file) or 0, torn.offset, torn.kind))
+        if not points:
+            return []
+        index, offset, kind = min(points)
+        cuts: list[tuple[str, int, str]] = []
+        for name in sorted(names, key=lambda n: fmt.segment_index(n) or 0, reverse=True):
+            seg_index = fmt.segment_index(name) or 0
+            if seg_index > index:
+                cuts.append((name, 0, f"after_{kind}"))
+            elif seg_index == index and (offset == 0 or offset < size_of(name)):
+                cuts.append((name, offset, kind))
+        return cuts
+
+    def _hole_stays(self, seg: SegmentScan) -> bool:
+        """Read the hole's first line again: beside a live writer a reader may have seen a
+        write's bytes before the kernel copied them in (zeros), then a later write whole. Once
+        the bytes are there, it was not a hole."""
+        first = seg.problems[0]
+        fd = self.fs.open_read(os.path.join(self.directory, seg.name))
+        try:
+            again = self.fs.pread(fd, fmt.HEADER_LINE_LIMIT, first.offset)
+        finally:
+            self.fs.close(fd)
+        end = again.find(b"\n")
+        return bad_line_kind(again[:end] if end >= 0 else again, first.offset) == "zero_fill"
 
     def _skip(self, index: int, name: str, prev_seal: str,
               expected_seq: int | None) -> tuple[str, int] | None:

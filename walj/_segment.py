@@ -29,6 +29,12 @@ class Problem:
         return f"{self.file} at byte {self.offset}{seq}: {self.kind}: {self.detail}"
 
 
+# Problems that a crash mid-append leaves at the end of the last segment. Anything else, or any
+# of these with a verified line after it, is damage.
+TAIL_KINDS = frozenset(
+    {"incomplete_line", "bad_checksum", "bad_line", "zero_fill", "oversize_line", "bad_header"}
+)
+
 SECTOR = 512
 _ZERO_SECTOR = bytes(SECTOR)
 
@@ -42,7 +48,7 @@ def _has_zero_sector(line: bytes, offset: int) -> bool:
 
 
 def _zero_fill(pieces: list[bytes], offset: int) -> bool:
-    """_bad_line_kind's zero test over a line held in pieces (file offset `offset` on), without
+    """bad_line_kind's zero test over a line held in pieces (file offset `offset` on), without
     joining them: a sector may straddle two pieces, so up to a sector is carried across."""
     if pieces[0][:1] == b"\0":
         return True
@@ -57,7 +63,7 @@ def _zero_fill(pieces: list[bytes], offset: int) -> bool:
     return False
 
 
-def _bad_line_kind(line: bytes, offset: int) -> str:
+def bad_line_kind(line: bytes, offset: int) -> str:
     # A line never starts with a zero byte: one that does begins where a lost write was.
     if line and (line[0] == 0 or _has_zero_sector(line, offset)):
         return "zero_fill"
@@ -265,7 +271,7 @@ class SegmentScan:
             if off == 0:
                 self._problem(0, "bad_header", "first line is not a valid header")
             else:
-                self._problem(off, _bad_line_kind(line, off), "checksum does not verify")
+                self._problem(off, bad_line_kind(line, off), "checksum does not verify")
             self._stop_hashing(self.valid_end)
             return None
         if self.problems:

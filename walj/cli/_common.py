@@ -14,8 +14,10 @@ from typing import IO, Any
 
 from .. import _format as fmt
 from .._codec import MAX_DEPTH
+from .._damage import CutLedger, unrecorded
 from .._fs import DEFAULT_FS
 from .._lock import owner_info
+from .._quarantine import cut_lines, read_manifest
 from .._recovery import time_of
 from .._scan import LogScan, TornTail
 from .._segment import Problem, read_header
@@ -340,3 +342,12 @@ def _describe(value: Any) -> str:
 
 def plural(count: int, word: str, words: str | None = None) -> str:
     return f"{count:,} {word if count == 1 else (words or word + 's')}"
+
+
+def note_unrecorded(path: str, ledger: CutLedger) -> None:
+    """Count the cuts in quarantine/ that no journal has recorded yet as the next open will
+    record them (a writer died between a cut and its record, or `walj repair` ran)."""
+    records = unrecorded(read_manifest(path), ledger, lambda entry: cut_lines(path, entry),
+                         time.time())
+    for record in records:
+        ledger.log_cut(0, record)

@@ -23,6 +23,7 @@ from ._common import (
     emit_json,
     last_writer,
     log_created,
+    note_unrecorded,
     opt_str,
     plural,
     problem_json,
@@ -59,6 +60,7 @@ def feed(path: str, log_scan: LogScan, records: Iterator[tuple[int, bytes]],
                 data = decode_record(raw)
                 feed_one(seq, data)
                 also(seq, data)
+        note_unrecorded(path, state.cuts)
     except UnsupportedVersionError as exc:
         raise CliError(f"{path}: {exc}; refusing to guess (fail closed)",
                        EXIT_PROBLEMS) from None
@@ -86,7 +88,7 @@ def blocker_json(b: Blocker, now: float) -> dict[str, Any]:
         "arguments_preview": b.arguments_preview, "idempotency_key": b.idempotency_key,
         "started_at": b.started_at, "age_seconds": age(b.started_at, now), "seq": b.seq,
         "error_type": b.error_type, "reconcile_error": b.reconcile_error,
-        "arguments": b.arguments,
+        "arguments": b.arguments, "quarantine_file": b.quarantine_file,
     }
 
 
@@ -123,7 +125,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     now = time.time()
     created = log_created(path, names)
     report: dict[str, Any] = {
-        "schema": "walj.inspect/1",
+        "schema": "walj.inspect/2",
         "path": path,
         "log_id": log_scan.log_id,
         "now": round(now, 3),
@@ -181,7 +183,10 @@ def _inspect_text(path: str, report: dict[str, Any], log_scan: LogScan, rec: Rec
             lines.append(row)
             if b.arguments_sha256:
                 lines.append(f"      fingerprint  sha256:{b.arguments_sha256}")
-            if b.arguments_preview is not None:
+            if b.quarantine_file is not None:
+                lines.append(f"      cut bytes    {b.quarantine_file} in quarantine/")
+                lines.append(f"      why          {short(b.arguments_preview, 200)}")
+            elif b.arguments_preview is not None:
                 lines.append(f"      arguments    {short(b.arguments_preview, 200)}")
             if b.idempotency_key:
                 lines.append(f"      idem. key    {b.idempotency_key}")
@@ -215,6 +220,9 @@ def _inspect_text(path: str, report: dict[str, Any], log_scan: LogScan, rec: Rec
                   f"  walj resolve {path} EXECUTION --outcome succeeded|failed|not_performed "
                   "--note TEXT --actor NAME",
                   f"  walj resolve {path} --turn N --note TEXT --actor NAME"]
+        if any(b.quarantine_file for b in rec.blockers):
+            lines.append(f"  walj resolve {path} QUARANTINE_FILE --outcome reviewed "
+                         "--note TEXT --actor NAME")
     return lines
 
 
@@ -270,7 +278,7 @@ def _inspect_execution(path: str, names: list[str], wanted: str, as_json: bool) 
     else:
         status = f"finished: {opt_str(terminal.get('o')) or '?'}"
     report = {
-        "schema": "walj.execution/1",
+        "schema": "walj.execution/2",
         "path": path,
         "execution_id": execution_id,
         "kind": "llm_call" if str(first.get("k", "")).startswith("llm_") else "tool_execution",

@@ -45,14 +45,9 @@ def _kinds(p: argparse.ArgumentParser) -> None:
 def _engines() -> str:
     """Which checksum and JSON implementations this process uses: C or the stdlib fallback."""
     from .. import _codec
+    from .. import _format as fmt
 
-    try:  # the log's framing code makes the same choice
-        import xxhash  # type: ignore[import-not-found,unused-ignore]  # noqa: F401
-
-        pure = False
-    except ImportError:
-        pure = True
-    return (f"checksums: {'pure-Python XXH64' if pure else 'xxhash'}; "
+    return (f"checksums: {'pure-Python XXH64' if fmt.PURE_XXH64 else 'xxhash'}; "
             f"JSON: {'msgspec' if _codec.HAVE_MSGSPEC else 'json (stdlib)'}")
 
 
@@ -118,7 +113,7 @@ def build_parser(prog: str = "walj") -> argparse.ArgumentParser:
     p.add_argument("execution_id", metavar="EXECUTION_ID", nargs="?")
     p.add_argument("--turn", type=int, default=None, metavar="N",
                    help="settle interrupted turn N instead of an execution")
-    p.add_argument("--outcome", choices=("succeeded", "failed", "not_performed"))
+    p.add_argument("--outcome", choices=("succeeded", "failed", "not_performed", "reviewed"))
     p.add_argument("--note", required=True, metavar="TEXT", help="why: what you checked")
     p.add_argument("--actor", required=True, metavar="NAME", help="who settles it")
     _json_flag(p)

@@ -19,6 +19,7 @@ from ._common import (
     EXIT_PROBLEMS,
     CliError,
     emit_json,
+    note_unrecorded,
     plural,
     problem_json,
     short,
@@ -110,8 +111,10 @@ def check_log(path: str) -> dict[str, Any]:
         return _entry(path, "unreadable", detail=f"{exc.filename or path}: {reason}")
     problems = log_scan.problems
     try:
+        if feeding and not plain and state.records:
+            note_unrecorded(path, state.cuts)
         rec = state.snapshot()
-    except WaljError as exc:  # a blocker's started record is decoded only now
+    except (WaljError, OSError) as exc:  # a blocker's record is decoded only now; quarantine/
         journal_error = journal_error or ("corrupt", short(f"journal: {exc}", 200))
         rec = RecoveryState().snapshot()
     blockers = [{"execution_id": b.execution_id, "tool": b.tool, "call_id": b.call_id,

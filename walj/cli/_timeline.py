@@ -86,13 +86,13 @@ class TurnNode:
 
 
 class Builder:
-    """Builds the tree from decoded records in log order. Completions pair with starts LIFO, as
-    the journal's recovery does."""
+    """Builds the tree from decoded records in log order, each fed after `state` took it: a
+    completion completes the turn the journal's own recovery paired it with."""
 
-    def __init__(self) -> None:
+    def __init__(self, state: RecoveryState) -> None:
+        self.state = state
         self.turns: dict[int | None, TurnNode] = {}
         self.order: list[int | None] = []
-        self.stack: list[int] = []
         self.executions: dict[str, Execution] = {}
         self.llm: dict[str, dict[str, Any]] = {}
 
@@ -110,11 +110,10 @@ class Builder:
         kind, t, eid = data.get("k"), _t(data), data.get("id")
         if kind == "turn_started":
             self.turn(data.get("turn"), t)
-            if turn_number(data.get("turn")) is not None:
-                self.stack.append(data["turn"])
         elif kind == "turn_completed":
-            if self.stack:
-                node = self.turns[self.stack.pop()]
+            paired = self.state.paired_turn
+            if paired is not None and paired in self.turns:
+                node = self.turns[paired]
                 node.completed, node.completed_at = True, t
         elif kind == "turn_resolved":
             self.turn(data.get("turn")).resolution = _resolution(data, t)
@@ -186,7 +185,7 @@ def cmd_timeline(args: argparse.Namespace) -> int:
     names = segment_names(path)
     log_scan, records = scan(path, names, desc="reading")
     state = RecoveryState()
-    builder = Builder()
+    builder = Builder(state)
     feed(path, log_scan, records, state, builder)
     rec = snapshot(path, state)
     for b in rec.blockers:

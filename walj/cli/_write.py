@@ -7,7 +7,6 @@ import argparse
 import os
 from typing import Any
 
-from .. import _format as fmt
 from .._fs import DEFAULT_FS
 from .._quarantine import QUARANTINE_DIR, cut_segment
 from .._scan import LogScan
@@ -55,7 +54,8 @@ def cmd_resolve(args: argparse.Namespace) -> int:
     if args.turn is not None and args.outcome is not None:
         raise CliError("--outcome is for an execution; a turn is settled without one")
     if args.execution_id is not None and args.outcome is None:
-        raise CliError("--outcome succeeded|failed|not_performed is required")
+        raise CliError("--outcome succeeded|failed|not_performed (reviewed for log damage) "
+                       "is required")
     names = segment_names(path)
     _, records = scan(path, names)
     first = next(records, None)
@@ -95,8 +95,12 @@ def cmd_resolve(args: argparse.Namespace) -> int:
         emit_json({"schema": "walj.resolve/1", "path": path, "resolution": settled,
                    "blocked": after.blocked, "blockers_left": len(after.blockers)})
         return EXIT_OK
-    what = (f"execution {resolution.execution_id} ({resolution.tool})"
-            if resolution.kind != "turn" else f"turn {resolution.turn_sequence}")
+    if resolution.kind == "turn":
+        what = f"turn {resolution.turn_sequence}"
+    elif resolution.kind == "log_cut":
+        what = f"cut bytes {resolution.execution_id} (quarantine/)"
+    else:
+        what = f"execution {resolution.execution_id} ({resolution.tool})"
     lines = [f"resolved {what}: {resolution.outcome} by {resolution.actor} at "
              f"{clock(resolution.at)} UTC (seq {resolution.seq}, durable)",
              f"  note: {short(resolution.note, 200)}"]
@@ -129,22 +133,9 @@ def plan_cuts(path: str) -> tuple[list[tuple[str, int, str]], LogScan]:
             what = "a symbolic link" if problem.kind == "symlink" else "not a regular file"
             raise CliError(f"refused: {problem.file} is {what}; move it out of the log by "
                            "hand, then run repair again", EXIT_PROBLEMS)
-    points = [(fmt.segment_index(p.file) or 0, p.offset, p.kind) for p in log_scan.problems]
-    torn = log_scan.torn_tail
-    if torn is not None:
-        points.append((fmt.segment_index(torn.file) or 0, torn.offset, torn.kind))
-    if not points:
-        return [], log_scan
-    index, offset, kind = min(points)
-    cuts: list[tuple[str, int, str]] = []
-    for name in reversed(segment_names(path)):
-        seg_index = fmt.segment_index(name) or 0
-        if seg_index > index:
-            cuts.append((name, 0, f"after_{kind}"))
-        elif seg_index == index:
-            size = os.path.getsize(os.path.join(path, name))
-            if offset < size:
-                cuts.append((name, offset, kind))
+    cuts = log_scan.cuts(segment_names(path),
+                         lambda name: os.path.getsize(os.path.join(path, name)),
+                         through_damage=True)
     return cuts, log_scan
 
 
