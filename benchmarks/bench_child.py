@@ -121,22 +121,20 @@ def sqlite_scan(db: Path) -> dict[str, Any]:
 
     from bench_baselines import decode
 
-    select = "SELECT data FROM records ORDER BY seq"
+    def count_rows(keep: Any) -> int:
+        conn = sqlite3.connect(db)
+        count = 0
+        for (data,) in conn.execute("SELECT data FROM records ORDER BY seq"):
+            if keep(data) is not None:
+                count += 1
+        conn.close()
+        return count
+
     t0 = time.perf_counter()
-    conn = sqlite3.connect(db)
-    n = 0
-    for (data,) in conn.execute(select):
-        if data is not None:
-            n += 1
-    conn.close()
+    n = count_rows(lambda data: data)
     t1 = time.perf_counter()
     rss_open = peak_rss_bytes()
-    conn = sqlite3.connect(db)
-    m = 0
-    for (data,) in conn.execute(select):
-        if decode(data) is not None:
-            m += 1
-    conn.close()
+    m = count_rows(decode)
     t2 = time.perf_counter()
     if m != n:
         raise RuntimeError(f"decoded {m} of {n} rows")

@@ -8,25 +8,17 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from . import _records as r
-from ._records import Blocker, Cut, Resolution
+from ._records import Blocker, Cut, Resolution, record_kind
 from .errors import CorruptionError
 
 if TYPE_CHECKING:  # the log's types only: rebuilding state needs no file code
     from ._quarantine import CutLine, Quarantined
+
 # The journal's records that it writes without waiting for a sync. Every other record (an
 # intent, a terminal record, a resolution, a log_cut) is durable before anything follows it.
 UNSYNCED_KINDS = frozenset({r.TURN_STARTED, r.TURN_COMPLETED, r.BLOCKED, r.LLM_STARTED,
                             r.LLM_FINISHED, r.RECONCILE_FAILED})
 REVIEWED = "reviewed"
-_KIND_PREFIX = b'{"k":"'
-
-
-def _kind(data: bytes) -> str | None:
-    """The kind a journal record's JSON starts with (the journal writes it first), else None."""
-    if not data.startswith(_KIND_PREFIX):
-        return None
-    end = data.find(b'"', len(_KIND_PREFIX), len(_KIND_PREFIX) + 64)
-    return data[len(_KIND_PREFIX):end].decode("latin-1") if end > 0 else None
 
 
 def unexplained(entry: Quarantined, lines: list[CutLine], intact: bool) -> str | None:
@@ -45,8 +37,8 @@ def unexplained(entry: Quarantined, lines: list[CutLine], intact: bool) -> str |
         return (f"cut at {entry.kind}, which no crash leaves (a repair of damage): the cut bytes "
                 "may hold acknowledged records")
     for line in lines:
-        if line.end < entry.length and _kind(line.data) not in UNSYNCED_KINDS:
-            kind = _kind(line.data) or "a record of no journal kind"
+        if line.end < entry.length and record_kind(line.data) not in UNSYNCED_KINDS:
+            kind = record_kind(line.data) or "a record of no journal kind"
             return (f"record {line.seq} ({kind}) among the cut bytes was written durably and "
                     "more followed it, so it and everything before it had been synced: this is "
                     "damage, not a crash")

@@ -26,6 +26,18 @@ LLM_RESOLVED = "llm_call_resolved"
 LOG_CUT = "log_cut"
 LOG_CUT_RESOLVED = "log_cut_resolved"
 
+_KIND_PREFIX = b'{"k":"'
+
+
+def record_kind(data: bytes) -> str | None:
+    """The kind a journal record's JSON bytes start with (the journal writes `k` first), read
+    without decoding; None when the bytes do not start that way."""
+    if not data.startswith(_KIND_PREFIX):
+        return None
+    end = data.find(b'"', len(_KIND_PREFIX))
+    return data[len(_KIND_PREFIX):end].decode("utf-8", "replace") if end > 0 else None
+
+
 # Blocker states.
 STATE_STARTED = "started"
 STATE_AMBIGUOUS = "ambiguous"

@@ -15,6 +15,7 @@ from typing import Any
 
 from .. import _format as fmt
 from .._fs import open_regular
+from .._records import record_kind
 from .._recovery import decode_record
 from .._scan import LogScan
 from ._common import (
@@ -34,7 +35,6 @@ from ._common import (
 )
 
 KIND_WIDTH = 31
-_KIND_PREFIX = b'{"k":"'
 FOLLOW_CHUNK = 4 << 20
 # Bytes of a record's JSON that must not reach a terminal as they are: C0 (JSON allows tab, CR
 # and LF between tokens), DEL, and the UTF-8 of C1 and of the bidi controls (raw in strings).
@@ -44,16 +44,15 @@ _RAW_UNSAFE = re.compile(rb"[\x00-\x1f\x7f]|\xc2[\x80-\x9f]"
 
 def kind_of(raw: bytes) -> str:
     """The journal kind (`k`) of a record's JSON bytes; '-' for a record without one."""
-    if raw.startswith(_KIND_PREFIX):
-        end = raw.find(b'"', len(_KIND_PREFIX))
-        if end > 0:
-            return raw[len(_KIND_PREFIX):end].decode("utf-8", "replace")
+    kind = record_kind(raw)
+    if kind is not None:
+        return kind
     try:
         data = decode_record(raw)
     except ValueError:
         return "-"
-    kind = data.get("k") if isinstance(data, dict) else None
-    return kind if isinstance(kind, str) else "-"
+    value = data.get("k") if isinstance(data, dict) else None
+    return value if isinstance(value, str) else "-"
 
 
 def _turn(data: dict[str, Any]) -> str:
