@@ -1,12 +1,25 @@
 """A fault-injecting FileSystem for tests: failed calls, short writes, and crashes that drop
 every byte and directory entry that was not synced (the LevelDB fault_injection_test model).
 
+What is durable, as docs/FORMAT.md assumes: a file's bytes once a sync of that file returned
+(covering what the file held when the sync began); a create, rename or mkdir once its parent
+directory was synced. A directory made by `mkdir` and never covered by a sync of its parent is
+undone by a power cut, with everything inside it, however well its own contents were synced.
+
 `crash()` by default drops everything unsynced. The torture suite also asks for the other things
-a power cut may leave (`crash(mode=..., rng=...)`): the last unsynced write torn at a random byte
-("tear"), unsynced appends that reached the disk out of order, with holes of zeros where the
-earlier ones were lost ("reorder", which also keeps or loses each unsynced directory entry at
-random), an unsynced tail read back as zeros ("zero"), or nothing lost at all, as when only the
-process dies ("keep"). An unsynced truncation is undone by every mode but "keep".
+a power cut may leave (`crash(mode=..., rng=...)`):
+  "tear"    any one unsynced write torn at a random byte: either the file ends there (everything
+            written after it lost), or the writes after it reached the disk too and the torn
+            write's lost part reads back as whole 512-byte sectors of zeros (a sector is the
+            unit a disk writes; writes after a sync point are unordered until the next sync);
+  "reorder" unsynced appends that reached the disk out of order, with holes of zeros where the
+            earlier ones were lost (each unsynced directory entry is kept or lost at random);
+  "zero"    an unsynced tail read back as zeros;
+  "keep"    nothing lost, as when only the process dies. The bookkeeping stays: what was not
+            synced before is still not durable, so a later power cut through the same FaultyFS
+            can still lose it (a process that dies between a mkdir and its parent's sync
+            leaves a directory the next process must not take for durable).
+An unsynced truncation is undone by every mode but "keep".
 """
 
 from __future__ import annotations
@@ -14,13 +27,16 @@ from __future__ import annotations
 import errno
 import os
 import random
+import shutil
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 from walj._fs import FileSystem
 
 CRASH_MODES = ("drop", "tear", "reorder", "zero", "keep")
+SECTOR = 512  # the unit a torn write loses whole when later writes outlive it (docs/FORMAT.md)
 
 
 class SimulatedCrash(BaseException):
@@ -64,7 +80,11 @@ class FaultyFS(FileSystem):
         self._fd_path: dict[int, str] = {}
         self._files: dict[str, _FileState] = {}
         self._dirs: dict[str, _DirState] = {}
+        self._made_dirs: set[str] = set()  # directories this file system's mkdir made
         self.short_write_bytes: int | None = None
+        # Called once, by the next sync, after it took the size it is sure to cover and before
+        # the data is synced: a write it makes races that sync, deterministically.
+        self.during_sync: Callable[[], None] | None = None
         self.freeze_on_crash = freeze_on_crash
         self.dead = False
         self.injected: list[str] = []  # every fault that fired, in order
@@ -172,6 +192,9 @@ class FaultyFS(FileSystem):
         self._hook("sync", path, False)
         # Only what was written before the sync began is sure to be covered by it.
         size = os.fstat(fd).st_size
+        during, self.during_sync = self.during_sync, None
+        if during is not None:
+            during()
         super().sync(fd)
         with self._guard:
             state = self._files.get(path)
@@ -233,6 +256,7 @@ class FaultyFS(FileSystem):
         super().mkdir(path)
         with self._guard:
             self._dirs[path] = _DirState(set())
+            self._made_dirs.add(path)
         self._hook("mkdir", path, True)
 
     def close(self, fd: int) -> None:
@@ -258,16 +282,20 @@ class FaultyFS(FileSystem):
                 except OSError:
                     pass
             self._fd_path.clear()
-            if mode != "keep":
-                self.injected.append(f"crash {mode}")
-                for path, state in self._files.items():
-                    if os.path.exists(path):
-                        self._lose_file_bytes(path, state, mode, rng)
-                for directory, dstate in self._dirs.items():
-                    self._lose_entries(directory, dstate, mode, rng)
+            self.dead = False
+            if mode == "keep":
+                return  # the process died, the disk did not: nothing unsynced became durable
+            self.injected.append(f"crash {mode}")
+            for path, state in self._files.items():
+                if os.path.exists(path):
+                    self._lose_file_bytes(path, state, mode, rng)
+            # Deepest first, so a directory's own entries are settled before it may be undone.
+            for directory in sorted(self._dirs, key=lambda d: d.count(os.sep), reverse=True):
+                self._lose_entries(directory, self._dirs[directory], mode, rng,
+                                   self._made_dirs)
             self._files.clear()
             self._dirs.clear()
-            self.dead = False
+            self._made_dirs.clear()
 
     @staticmethod
     def _lose_file_bytes(path: str, state: _FileState, mode: str, rng: random.Random) -> None:
@@ -283,8 +311,7 @@ class FaultyFS(FileSystem):
         if mode == "drop":
             os.truncate(path, synced)
         elif mode == "tear":
-            start, end = writes[-1]
-            os.truncate(path, rng.randint(start, end))
+            FaultyFS._tear(path, writes, synced, size, rng)
         elif mode == "zero":
             start = rng.randint(synced, size)
             with open(path, "r+b") as f:
@@ -301,7 +328,27 @@ class FaultyFS(FileSystem):
             os.truncate(path, new_size)
 
     @staticmethod
-    def _lose_entries(directory: str, dstate: _DirState, mode: str, rng: random.Random) -> None:
+    def _tear(path: str, writes: list[tuple[int, int]], synced: int, size: int,
+              rng: random.Random) -> None:
+        """Tear one unsynced write, any of them, at a random byte. Either the file ends there,
+        or (half the time) the later writes landed as well: then what the torn write lost must
+        be whole sectors, read back as zeros, since a disk writes a sector whole or not at all;
+        a sector it shares with the next write is lost for both."""
+        start, end = writes[rng.randrange(len(writes))]
+        point = rng.randint(start, end)
+        if rng.random() < 0.5:
+            hole_start = max(point - point % SECTOR, -(-synced // SECTOR) * SECTOR)
+            hole_end = min(-(-end // SECTOR) * SECTOR, size)
+            if hole_start < hole_end and hole_start < end:
+                with open(path, "r+b") as f:
+                    f.seek(hole_start)
+                    f.write(b"\0" * (hole_end - hole_start))
+                return
+        os.truncate(path, point)
+
+    @staticmethod
+    def _lose_entries(directory: str, dstate: _DirState, mode: str, rng: random.Random,
+                      made: set[str]) -> None:
         def lost() -> bool:
             return mode != "reorder" or rng.random() < 0.5
 
@@ -310,11 +357,40 @@ class FaultyFS(FileSystem):
                 os.rename(dst, src)
         dstate.renames.clear()
         if not os.path.isdir(directory):
-            return
+            return  # undone with its parent already
         for name in sorted(set(os.listdir(directory)) - dstate.synced_names):
             full = os.path.join(directory, name)
+            if os.path.islink(full):
+                continue
             if os.path.isfile(full) and lost():
                 os.unlink(full)
+            elif os.path.isdir(full) and full in made and lost():
+                shutil.rmtree(full)  # an unsynced mkdir: the directory and all it held
+
+
+class _Ticks:
+    """The interval syncer's clock, stepped by a test: `wait` reports "not stopped yet" `n`
+    times (one interval each), then "stopped"."""
+
+    def __init__(self, n: int) -> None:
+        self.left = n
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self.left == 0:
+            return True
+        self.left -= 1
+        return False
+
+
+def tick(log: object, intervals: int = 1) -> None:
+    """Run the loop the background thread of sync="interval" runs (walj's interval_loop), for
+    `intervals` intervals, here and now: a test that opens the log with a long
+    sync_interval_ms decides when an interval ends, with no timing."""
+    import weakref
+
+    from walj._durability import interval_loop
+
+    interval_loop(weakref.ref(log), cast(threading.Event, _Ticks(intervals)), 0.0)
 
 
 def abandon(log: object) -> None:

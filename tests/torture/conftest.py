@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,24 @@ from budget import SEED, TALLY, TRIALS, reproduce_hint  # noqa: E402
 
 SUMMARY_NAME = "walj-torture-summary.json"
 _summary_file: list[Path] = []
+HERE = Path(__file__).resolve().parent
+RECORD = os.environ.get("WALJ_TORTURE_RECORD") == "1"  # write tests/torture/results/latest.json
+_started = time.monotonic()
+_collected: set[str] = set()  # the torture files this session runs
+
+
+# The commit, and whether the code differed from it, when this conftest is loaded (collection,
+# before any test runs): the code the run tests, whatever is edited while it runs.
+_source: list[tuple[str, bool]] = []
+if RECORD:
+    from results import source_state
+
+    _source.append(source_state())
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    _collected.update(Path(item.path).name for item in session.items
+                      if Path(item.path).parent == HERE)
 
 
 def pytest_report_header() -> str:
@@ -40,8 +59,8 @@ def _torture_summary(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]
         _summary_file.append(path)
 
 
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    if not TALLY.counts:
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int) -> None:
+    if not TALLY.counts and not RECORD:
         return
     figures = TALLY.summary()
     terminalreporter.section("walj torture summary")
@@ -50,6 +69,31 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     for path in _summary_file:
         terminalreporter.write_line(f"{'written to':>22}: {path}")
     terminalreporter.write_line(f"{'reproduce':>22}: {reproduce_hint()}")
+    if RECORD:
+        terminalreporter.write_line(f"{'record':>22}: {_record(terminalreporter, exitstatus)}")
+
+
+def _record(reporter: pytest.TerminalReporter, exitstatus: int) -> str:
+    """Write the run's record for README.md, if the run can back it: it passed, and it ran
+    every test of every torture family."""
+    from results import LATEST, make_record, write_record
+
+    families = {p.name for p in HERE.glob("test_torture_*.py")}
+    def torture(key: str) -> list[Any]:
+        return [r for r in reporter.stats.get(key, []) if "tests/torture/" in r.nodeid]
+
+    mine = torture("passed")
+    left_out = [key for key in ("failed", "error", "skipped", "deselected", "xfailed")
+                if torture(key)]
+    if exitstatus != 0 or left_out:
+        return f"not written: the run {'failed' if exitstatus else 'had ' + ', '.join(left_out)}"
+    if families - _collected:
+        return f"not written: {', '.join(sorted(families - _collected))} did not run"
+    record = make_record(TALLY.summary(), source=_source[0],
+                         duration_s=time.monotonic() - _started, tests_passed=len(mine))
+    write_record(record)
+    dirty = " (on uncommitted code: README.md will refuse it)" if record["dirty"] else ""
+    return f"written to {LATEST.relative_to(HERE.parent.parent)}{dirty}"
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ from typing import Any
 
 from budget import TALLY
 from faultfs import CRASH_MODES, FaultyFS, SimulatedCrash, abandon
+from spec_reader import SpecError, read_records
 
 import walj
 from walj import _lock
@@ -46,13 +47,24 @@ class Oracle:
 
     def check(self, path: Path, context: str) -> int:
         """Reopen on the real file system; every durable record is there, intact, in order.
-        Forget non-durable records past the recovered end (their seqs will be reused)."""
+        Forget non-durable records past the recovered end (their seqs will be reused).
+
+        Before the reopen, the reader written from docs/FORMAT.md alone reads what the crash
+        left; it must end exactly where walj's recovery cuts, and read what walj.read reads."""
+        try:  # the crashed directory, before walj's recovery has touched it
+            spec = read_records(path) if path.exists() else []
+        except SpecError as exc:
+            raise AssertionError(f"{context}: the FORMAT.md reader refused the crashed log "
+                                 f"walj is about to recover: {exc}") from exc
         try:
             with walj.Log.open(path) as log:
                 held = log.last_seq
         except walj.WaljError as exc:
             raise AssertionError(f"{context}: reopen failed: {exc!r}") from exc
         records = list(walj.read(path))
+        assert spec == [(r.seq, r.data) for r in records] == read_records(path), (
+            f"{context}: the FORMAT.md reader read {len(spec)} records from the crashed log, "
+            f"walj.read {len(records)} after recovery")
         assert [r.seq for r in records] == list(range(1, held + 1)), context
         lost = [s for s in self.durable if s > held
                 or (records[s - 1].data["l"], records[s - 1].data["k"]) != self.written[s]]

@@ -6,14 +6,20 @@ and a reopen recovers."""
 from __future__ import annotations
 
 import errno
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from budget import TALLY, rng_for, scaled
-from powercut import FAIL_OPS, POWER_CUTS, Oracle, Plan, random_plan, run_life
+from faultfs import FaultyFS, abandon
+from powercut import FAIL_OPS, POWER_CUTS, Oracle, Plan, make_record, random_plan, run_life
+
+import walj
 
 MODES = ("always", "batch", "interval", "never")
 LIVES = 4
+LIVENESS_SECONDS = 60.0  # a bound on a hang, not a speed: the syncer needs milliseconds
 
 pytestmark = pytest.mark.usefixtures("thread_failures")
 
@@ -68,3 +74,54 @@ def test_each_fault(tmp_path: Path, fault: str, sync: str) -> None:
                                f"{plan.describe()} -> {outcome}")
         TALLY.add(trials_faults=1)
     assert fired, f"the fault never fired: {outcomes}"
+
+
+def wait_for(done: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + LIVENESS_SECONDS
+    while not done():
+        assert time.monotonic() < deadline, f"{what} after {LIVENESS_SECONDS:.0f} s"
+        time.sleep(0.001)
+
+
+def test_interval_mode_loses_at_most_what_came_after_the_last_sync(tmp_path: Path) -> None:
+    """sync="interval" with its real background syncer, through the fault-injecting file
+    system. The workload appends and calls nothing else: no sync(), no durable=True, no close.
+    The syncer alone must make every record durable (polled on durable_seq). Then more appends,
+    and the process dies at a random moment while the syncer runs; a power cut follows. Every
+    record the log reported durable (durable_seq once no thread can move it) is there, and the
+    only records lost are some of those appended after it."""
+    for trial in range(scaled(12, minimum=4)):
+        rng = rng_for(f"interval-window-{trial}")
+        cut = POWER_CUTS[trial % len(POWER_CUTS)]
+        path = tmp_path / f"log{trial}"
+        fs = FaultyFS(freeze_on_crash=True)
+        log = walj.Log.open(path, sync="interval", sync_interval_ms=rng.choice([1, 5, 20]),
+                            segment_bytes=rng.choice([1024, 4096, 65536]), _fs=fs)
+        oracle = Oracle()
+        k = 0
+        for _ in range(rng.randint(10, 60)):
+            oracle.written[log.append(make_record(1, k, rng))] = (1, k)
+            k += 1
+        wait_for(lambda log=log, k=k: log.durable_seq == k,  # type: ignore[misc]
+                 f"trial {trial}: the interval syncer never covered the {k} records appended")
+        first = k
+        for _ in range(rng.randint(0, 40)):  # appends racing the syncer
+            oracle.written[log.append(make_record(1, k, rng))] = (1, k)
+            k += 1
+            if rng.random() < 0.3:
+                time.sleep(rng.uniform(0, 0.004))  # varies where the syncer lands, no more
+        fs.dead = True  # the process dies: from here every call of every thread fails
+        syncer = log._syncer
+        log._stop.set()
+        assert syncer is not None
+        syncer.join(LIVENESS_SECONDS)
+        assert not syncer.is_alive(), "the syncer did not stop"
+        reported = log.durable_seq
+        assert first <= reported <= k
+        oracle.durable.update(range(1, reported + 1))
+        fs.crash(cut, rng)
+        abandon(log)
+        held = oracle.check(path, f"trial {trial}, power cut {cut}: durable_seq {reported} of "
+                                  f"{k} appended")
+        assert reported <= held <= k
+        TALLY.add(trials_faults=1, faults=2)

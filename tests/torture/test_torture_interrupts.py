@@ -58,6 +58,7 @@ BOTH_EXCEPTIONS = SCALE >= 2  # long runs: KeyboardInterrupt and SystemExit at e
 
 RESULTS: list[Result] = []
 _POINTS: set[tuple[str, int]] = set()
+_OPERATIONS: set[str] = set()  # the operations interrupted (a scenario in any sync mode)
 _SHARED: dict[str, dict[tuple[str, bytes], str]] = {}
 _SCRATCH: list[Path] = []
 # The default run's budget counts on two cores: one trial process per core, up to two
@@ -99,7 +100,9 @@ def run_scenario(scenario: Scenario, tmp_path: Path, group: str | None = None) -
     new = result.interrupted - _POINTS
     _POINTS.update(new)
     TALLY.add(trials_interrupts=result.trials, interrupt_points=len(new), faults=result.fired,
-              checked=result.checked, lost=result.lost)
+              checked=result.checked, lost=result.lost,
+              interrupt_operations=int(result.scenario not in _OPERATIONS))
+    _OPERATIONS.add(result.scenario)
     for kept in result.kept[:5]:
         if not kept.is_relative_to(tmp_path):
             shutil.copytree(kept, tmp_path / "violations" / kept.name, symlinks=True)
@@ -678,6 +681,8 @@ def feed_oracle(lines: list[str], appended: dict[int, dict[str, Any]], acks: Jou
             handlers.add(rest[0])
         elif tag == "I":
             landed.append(rest[0])
+        elif tag == "L":  # the documented Turn.__exit__ limit, met and handled as documented
+            TALLY.add(sigint_turn_exit_limit=1)
 
 
 def sigint_mode(tmp_path: Path, mode: str) -> tuple[list[Violation], list[str], int]:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from budget import SEED, TALLY, TRIALS, rng_for
 from sigkill import run_and_kill, run_trials
+from spec_reader import SpecError, read_records
 
 import walj
 
@@ -23,6 +24,12 @@ def check_log(path: Path, acked: dict[int, tuple[int, int]], context: str) -> in
         assert not acked, f"{context}: records acknowledged, no log directory"
         return 0
     records = list(walj.read(path))
+    try:  # the independent reader, from docs/FORMAT.md alone, must read the same
+        spec = read_records(path)
+    except SpecError as exc:
+        raise AssertionError(f"{context}: the FORMAT.md reader refused the log: {exc}") from exc
+    assert spec == [(r.seq, r.data) for r in records], \
+        f"{context}: the FORMAT.md reader read {len(spec)} records, walj.read {len(records)}"
     seqs = [r.seq for r in records]
     assert seqs == list(range(1, len(seqs) + 1)), f"{context}: seqs not contiguous or repeated"
     lost = [seq for seq in acked if seq > len(records)
