@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import cast
 
-from walj._fs import FileSystem
+from walj.log._fs import FileSystem
 
 CRASH_MODES = ("drop", "tear", "reorder", "zero", "keep")
 SECTOR = 512  # the unit a torn write loses whole when later writes outlive it (docs/FORMAT.md)
@@ -388,7 +388,7 @@ def tick(log: object, intervals: int = 1) -> None:
     sync_interval_ms decides when an interval ends, with no timing."""
     import weakref
 
-    from walj._durability import interval_loop
+    from walj.log._durability import interval_loop
 
     interval_loop(weakref.ref(log), cast(threading.Event, _Ticks(intervals)), 0.0)
 

@@ -13,7 +13,7 @@ def records(path: Path) -> list[dict[str, Any]]:
 
 
 def kinds(path: Path) -> list[str]:
-    return [r["k"] for r in records(path)]
+    return [r["kind"] for r in records(path)]
 
 
 class Recorder:

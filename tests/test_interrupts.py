@@ -22,9 +22,9 @@ import pytest
 from journal_helpers import Recorder, kinds, records
 
 import walj
-from walj import _records as rc
-from walj._fs import FileSystem
-from walj._recovery import rebuild
+from walj.journal import _records as rc
+from walj.journal._recovery import rebuild
+from walj.log._fs import FileSystem
 
 
 class InterruptingFS(FileSystem):
@@ -256,12 +256,13 @@ def test_item5_an_interrupt_while_the_terminal_record_is_synced_leaves_one_termi
         # The finished record is in the file: nothing blocks, here as in a replay.
         assert live_blockers(journal) == replay_blockers(path, turn.sequence) == set()
         assert turn.dispatch("send", {}, call_id="c2").outcome == "ok"
-    [finished, _] = [r for r in records(path) if r["k"] == rc.FINISHED]
+    [finished, _] = [r for r in records(path) if r["kind"] == rc.FINISHED]
     with pytest.raises(walj.ResolutionError) as refused:
-        journal.resolve(finished["id"], "succeeded", actor="ann")
+        journal.resolve(finished["execution_id"], "succeeded", actor="ann")
     assert refused.value.reason == "already_terminal"
     journal.close()
-    terminal = [r["k"] for r in records(path) if r.get("id") == finished["id"]]
+    terminal = [r["kind"] for r in records(path)
+                if r.get("execution_id") == finished["execution_id"]]
     assert terminal == [rc.STARTED, rc.FINISHED]
 
 
@@ -336,7 +337,7 @@ def test_item15_cancelling_the_entry_of_an_async_turn_does_not_wedge_the_journal
             assert not journal.recovery.blocked
 
     asyncio.run(main())
-    assert [r["turn"] for r in records(path) if r["k"] == rc.TURN_STARTED] == [1, 2]
+    assert [r["turn_sequence"] for r in records(path) if r["kind"] == rc.TURN_STARTED] == [1, 2]
 
 
 def test_item16_a_forked_child_cannot_write_to_its_parents_log(logdir: Path) -> None:
@@ -486,15 +487,16 @@ def test_a_pending_llm_call_that_blocks_is_recorded_as_blocking(tmp_path: Path) 
             with turn.llm_call(model="m", request={"q": 1}):
                 raise KeyboardInterrupt
         assert journal.recovery.blocked
-    [started] = [r for r in records(path) if r["k"] == rc.LLM_STARTED]
-    assert started["blocks"] is True
+    [started] = [r for r in records(path) if r["kind"] == rc.LLM_STARTED]
+    assert started["blocks_dispatch"] is True
     with walj.ToolJournal.open(path) as journal:  # a reader without the option still blocks
         assert journal.recovery.blocked
     with walj.ToolJournal.open(tmp_path / "k") as journal:
         with pytest.raises(KeyboardInterrupt), journal.turn() as turn:
             with turn.llm_call(model="m"):
                 raise KeyboardInterrupt
-    assert "blocks" not in [r for r in records(tmp_path / "k") if r["k"] == rc.LLM_STARTED][0]
+    [started] = [r for r in records(tmp_path / "k") if r["kind"] == rc.LLM_STARTED]
+    assert "blocks_dispatch" not in started
 
 
 def test_the_idempotency_key_is_the_same_when_a_call_is_dispatched_again_in_a_later_turn(
@@ -511,8 +513,8 @@ def test_the_idempotency_key_is_the_same_when_a_call_is_dispatched_again_in_a_la
                 turn.dispatch("send", {"to": "ann"}, call_id="model-call-1")
                 turn.dispatch("send", {"to": "ann"})  # no call id: unique per turn
     assert seen[0] == seen[2] and seen[1] != seen[3] and len(set(seen)) == 3
-    started = [r for r in records(path) if r["k"] == rc.STARTED]
-    assert [r["call"] for r in started] == ["model-call-1", "turn-1-call-2",
+    started = [r for r in records(path) if r["kind"] == rc.STARTED]
+    assert [r["call_id"] for r in started] == ["model-call-1", "turn-1-call-2",
                                             "model-call-1", "turn-2-call-2"]
 
 

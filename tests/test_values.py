@@ -24,11 +24,11 @@ from journal_helpers import Recorder, records
 
 import walj
 from walj import _codec, _deepjson
-from walj import _records as rc
 from walj._codec import NestingError
-from walj._fingerprint import Redactor, canonical_json, describe_output, fingerprint
-from walj._resolve import check_actor
 from walj.errors import SerializationError
+from walj.journal import _records as rc
+from walj.journal._fingerprint import Redactor, canonical_json, describe_output, fingerprint
+from walj.journal._resolve import check_actor
 
 
 def nested(depth: int, leaf: Any = 1) -> Any:
@@ -525,7 +525,7 @@ def test_item20_deeply_nested_arguments_are_one_calls_error_with_a_journal(
                                         "itself)")
     assert [r["error"] for r in results[::2]] == [None, None, None]
     assert echo.calls == [{"n": 1}, {"n": 3}, {"n": nested(199)}]
-    started = [r["call"] for r in records(tmp_path / "j") if r["k"] == rc.STARTED]
+    started = [r["call_id"] for r in records(tmp_path / "j") if r["kind"] == rc.STARTED]
     assert started == ["c1", "c3", "c5"]
 
 
@@ -575,7 +575,7 @@ def test_item22_a_str_subclass_answer_is_recorded_as_the_plain_str(tmp_path: Pat
         assert (resolution.execution_id, resolution.actor) == (execution_id, "reconcile:send")
         assert type(resolution.outcome) is str and resolution.outcome == "succeeded"
     last = records(path)[-1]
-    assert (last["k"], last["o"]) == (rc.RESOLVED, "succeeded")
+    assert (last["kind"], last["outcome"]) == (rc.RESOLVED, "succeeded")
     assert last["note"] == "the reconcile hook of 'send' answered 'succeeded'"
 
 
@@ -594,8 +594,8 @@ def test_item22_an_answer_that_only_compares_equal_is_a_failed_reconcile(tmp_pat
             assert journal.recovery.blocked
             assert journal.recovery.resolved == ()
     assert asked == [execution_id, execution_id]
-    failed = [r for r in records(path) if r["k"] == rc.RECONCILE_FAILED]
-    assert [r["err"] for r in failed] == [
+    failed = [r for r in records(path) if r["kind"] == rc.RECONCILE_FAILED]
+    assert [r["error"] for r in failed] == [
         "ValueError: reconcile returned 'banana'; expected 'succeeded', 'not_performed' or "
         "None"] * 2
 
@@ -668,5 +668,5 @@ def test_plus_a_tool_returning_an_output_whose_methods_raise_is_recorded(
         assert (result.outcome, result.output) == ("ok", output)
         assert not journal.recovery.blocked
     finished = records(path)[-2]
-    assert (finished["k"], finished["o"], finished["os"], finished["op"]) == (
-        rc.FINISHED, "ok", sha, preview)
+    assert (finished["kind"], finished["outcome"], finished["output_sha256"],
+            finished["output_preview"]) == (rc.FINISHED, "ok", sha, preview)

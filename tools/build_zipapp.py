@@ -66,8 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", "-o", type=Path, default=DEFAULT_OUTPUT,
                         help="where to write the zipapp (default: dist/walj-forensic.pyz)")
     args = parser.parse_args(argv)
-    if not (PACKAGE / "_xxh64.py").exists():
-        sys.stderr.write("build_zipapp: walj/_xxh64.py is missing; without it the zipapp "
+    if not (PACKAGE / "log" / "_xxh64.py").exists():
+        sys.stderr.write("build_zipapp: walj/log/_xxh64.py is missing; without it the zipapp "
                          "cannot verify checksums where xxhash is not installed\n")
         return 1
     output = build(args.output)

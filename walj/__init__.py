@@ -1,9 +1,13 @@
-"""walj: crash-safe tool execution for AI agents on a checksummed, segmented JSONL log."""
+"""walj: crash-safe tool execution for AI agents on a checksummed, segmented JSONL log.
+
+Three layers, imported one way only: walj.log (storage) -> walj.journal (the tool-execution
+contract) -> walj.cli (and the integrations and archival to come). Beside them sit the pieces
+every layer shares: walj.errors (every error walj raises) and walj._codec (what a storable
+JSON value is). Every public name is imported here.
+"""
 
 from __future__ import annotations
 
-from ._log import Log
-from ._read import Record, VerifyReport, read, verify
 from .errors import (
     ClosedError,
     CorruptionError,
@@ -15,6 +19,7 @@ from .errors import (
     UnsupportedVersionError,
     WaljError,
 )
+from .log import Log, Record, VerifyReport, read, verify
 
 __version__ = "0.1.0"
 
@@ -36,26 +41,27 @@ __all__ = [
     "__version__",
 ]
 
-# --- the log (format -> segment -> log -> scan) ---
+# --- the journal ---
 
-# --- the journal (journal/recovery) ---
-
-from ._journal import ToolJournal  # noqa: E402
-from ._records import (  # noqa: E402
-    Blocker,
-    Cut,
-    IncompleteTurn,
-    PendingLLMCall,
-    Recovery,
-    Resolution,
-)
-from ._tools import Tool, ToolContext, ToolResult, handle_function_calls  # noqa: E402
 from .errors import (  # noqa: E402
     ResolutionError,
     ToolBlocked,
     ToolCancelled,
     TurnError,
     UnknownToolError,
+)
+from .journal import (  # noqa: E402
+    Blocker,
+    Cut,
+    IncompleteTurn,
+    PendingLLMCall,
+    Recovery,
+    Resolution,
+    Tool,
+    ToolContext,
+    ToolJournal,
+    ToolResult,
+    handle_function_calls,
 )
 
 __all__ += [

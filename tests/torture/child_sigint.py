@@ -41,7 +41,7 @@ from typing import Any
 from interrupts import compare_views, last_seq_on_disk, replay_of
 
 import walj
-from walj._turn import Turn
+from walj.journal._turn import Turn
 
 # Where an interrupt on the first instruction of Turn.__exit__ is raised: its def line.
 TURN_EXIT_ENTRY = f"{Turn.__exit__.__code__.co_filename}:{Turn.__exit__.__code__.co_firstlineno}"

@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import walj
-from walj._recovery import RecoveryState, rebuild
+from walj.journal._recovery import RecoveryState, rebuild
 
 WALJ_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(walj.__file__)))
 
@@ -92,7 +92,7 @@ _names: dict[Point, tuple[str, str]] = {}  # point -> (function, module)
 
 
 def where(point: Point | None) -> str:
-    """`walj/_log.py:203 (_write)` for a point; the file relative to walj's parent folder
+    """`walj/log/_log.py:203 (_write)` for a point; the file relative to walj's parent folder
     (code generated at import, such as a dataclass's __init__, is named by its module)."""
     if point is None:
         return "outside walj code"
@@ -1007,16 +1007,16 @@ def journal_log_problems(records: Iterable[walj.Record]) -> Iterator[tuple[str, 
     terminal: dict[str, str] = {}
     for r in records:
         data = r.data
-        kind = data.get("k")
+        kind = data.get("kind")
         if kind == "turn_started":
-            turn = data.get("turn")
+            turn = data.get("turn_sequence")
             if isinstance(turn, int) and turn in turns:
                 yield "7", f"turn {turn} started twice (seqs {turns[turn]} and {r.seq})"
                 continue  # a replay refuses it; go on with the rest
             if isinstance(turn, int):
                 turns[turn] = r.seq
         elif kind == STARTED:
-            turn = data.get("turn")
+            turn = data.get("turn_sequence")
             maybe_in_flight = {b.execution_id for b in state.snapshot(live_turn=turn).blockers
                                if b.state == "started" and b.turn_sequence == turn}
             view = state.snapshot(live_turn=turn, live_executions=maybe_in_flight)
@@ -1026,7 +1026,7 @@ def journal_log_problems(records: Iterable[walj.Record]) -> Iterator[tuple[str, 
                 yield "6", (f"intent at seq {r.seq} was written while a replay of the log "
                             f"before it blocks on {blockers}")
         elif kind in TERMINAL:
-            eid = data.get("id")
+            eid = data.get("execution_id")
             if isinstance(eid, str) and eid in terminal:
                 yield "6", f"execution {eid[:8]} has two terminal records ({terminal[eid]}, {kind})"
             elif isinstance(eid, str):
@@ -1194,28 +1194,28 @@ def check_journal_files(path: Path, report: Report, acks: JournalAcks) -> None:
     completed: Counter[int] = Counter()
     resolved_turns: set[int] = set()
     for r in records:
-        kind = r.data.get("k")
+        kind = r.data.get("kind")
         if kind in TERMINAL:
-            terminal.setdefault(r.data["id"], r.data)
+            terminal.setdefault(r.data["execution_id"], r.data)
         elif kind == "turn_started":
-            turns.add(r.data["turn"])
+            turns.add(r.data["turn_sequence"])
         elif kind == "turn_completed":
-            completed[r.data["turn"]] += 1
+            completed[r.data["turn_sequence"]] += 1
         elif kind == "turn_resolved":
-            resolved_turns.add(r.data["turn"])
+            resolved_turns.add(r.data["turn_sequence"])
     facts = wrong = 0
     for eid, outcome in acks.results.items():
         facts += 1
         t = terminal.get(eid)
         ok = t is not None and (
-            t["k"] == BLOCKED if outcome == "blocked" else t.get("o") == outcome)
+            t["kind"] == BLOCKED if outcome == "blocked" else t.get("outcome") == outcome)
         if not ok:
             wrong += 1
             rep.fail("3", f"dispatch returned {outcome!r} for {eid[:8]}; its terminal record is "
-                          f"{t and (t['k'], t.get('o'))}")
+                          f"{t and (t['kind'], t.get('outcome'))}")
     for eid in acks.resolved:
         facts += 1
-        if terminal.get(eid, {}).get("k") != RESOLVED:
+        if terminal.get(eid, {}).get("kind") != RESOLVED:
             wrong += 1
             rep.fail("3", f"resolution of {eid[:8]} was acknowledged but is not on disk")
     for turn in acks.turns:

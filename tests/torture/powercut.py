@@ -16,7 +16,7 @@ from faultfs import CRASH_MODES, FaultyFS, SimulatedCrash, abandon
 from spec_reader import SpecError, read_records
 
 import walj
-from walj import _lock
+from walj.log import _lock
 
 POWER_CUTS = tuple(m for m in CRASH_MODES if m != "keep")
 FAIL_OPS = ("write", "sync", "rename", "sync_dir", "create")

@@ -164,7 +164,7 @@ def test_zeroed_4k_block_in_the_active_segment(large: Image, tmp_path: Path) -> 
     log this is exactly the hole a power cut leaves among unsynced appends, so open cuts it,
     keeping every byte from the block on in quarantine, and a reader is told (crash_hole)
     instead of being handed a prefix. (A journal, which knows what it synced, blocks on such a
-    cut: tests/test_journal_damage.py.)"""
+    cut: tests/journal/test_journal_damage.py.)"""
     name = large.segments[-1]
     for start in (4096, 4096 + 1000):
         damaged = zero_block(large.files[name], start)

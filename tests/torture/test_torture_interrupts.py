@@ -704,7 +704,8 @@ def sigint_mode(tmp_path: Path, mode: str) -> tuple[list[Violation], list[str], 
                         lambda: walj.Log.open(base / "log", **options(mode)))
         check_journal_files(base / "journal", report, acks)
         records = list(walj.read(base / "journal"))
-        started = {r.data["id"] for r in records if r.data.get("k") == "tool_execution_started"}
+        started = {r.data["execution_id"] for r in records
+                   if r.data.get("kind") == "tool_execution_started"}
         for eid in handlers - started:
             report.fail("6", f"handler of {eid[:8]} ran without a durable intent")
         for eid, outcome in acks.results.items():

@@ -42,7 +42,7 @@ import walj
 BEHAVIOURS = ("ok", "error", "cancel", "refuse", "interrupt", "crash")
 OUTCOMES = {"ok": "ok", "error": "error", "cancel": "cancelled", "refuse": "blocked"}
 TOOLS = ("plain", "assume_done", "rerun", "reconcile")
-# The journal's records it appends with durable=False (walj/_journal.py, _turn.py, _resolve.py).
+# The journal's records it appends with durable=False (walj/journal/_core.py, _llm.py, _resolve.py).
 UNSYNCED = frozenset({"turn_started", "turn_completed", "tool_execution_blocked",
                       "llm_call_started", "llm_call_finished",
                       "tool_execution_reconcile_failed"})
@@ -145,7 +145,7 @@ class JournalMachine(RuleBasedStateMachine):
         written = self._written()
         end = len(written) - (1 if last_unacknowledged else 0)
         for seq, data in written[self.scanned:end]:
-            if self.each_append_synced or data.get("k") not in UNSYNCED:
+            if self.each_append_synced or data.get("kind") not in UNSYNCED:
                 self.promised = seq
         self.scanned = max(self.scanned, end)
 
@@ -442,8 +442,8 @@ class JournalMachine(RuleBasedStateMachine):
         """The id of the last intent in the log (the handler never saw it)."""
         last = None
         for _, data in self._written():
-            if data.get("k") == "tool_execution_started":
-                last = data["id"]
+            if data.get("kind") == "tool_execution_started":
+                last = data["execution_id"]
         assert last is not None and last not in self.model.tool
         return str(last)
 

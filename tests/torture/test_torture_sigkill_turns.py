@@ -65,12 +65,12 @@ class TurnOracle:
         closed_turns: set[int] = set()  # completed or resolved, on disk
         turn_of: dict[str, int] = {}  # execution id -> turn, from the intents on disk
         for r in records:
-            if r.data.get("k") in (STARTED, FINISHED, RESOLVED, BLOCKED):
-                on_disk[r.data["k"]][r.data["id"]] = r.data.get("o", "")
-                if r.data["k"] == STARTED:
-                    turn_of[r.data["id"]] = r.data["turn"]
-            elif r.data.get("k") in ("turn_completed", "turn_resolved"):
-                closed_turns.add(r.data["turn"])
+            if r.data.get("kind") in (STARTED, FINISHED, RESOLVED, BLOCKED):
+                on_disk[r.data["kind"]][r.data["execution_id"]] = r.data.get("outcome", "")
+                if r.data["kind"] == STARTED:
+                    turn_of[r.data["execution_id"]] = r.data["turn_sequence"]
+            elif r.data.get("kind") in ("turn_completed", "turn_resolved"):
+                closed_turns.add(r.data["turn_sequence"])
         with walj.ToolJournal.open(path, recovery="salvage") as journal:
             recovery = journal.recovery
         executions = {b.execution_id: b for b in recovery.blockers if b.execution_id}

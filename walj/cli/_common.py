@@ -12,15 +12,15 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import IO, Any
 
-from .. import _format as fmt
 from .._codec import MAX_DEPTH
-from .._damage import CutLedger, unrecorded
-from .._fs import DEFAULT_FS
-from .._lock import owner_info
-from .._quarantine import cut_lines, read_manifest
-from .._recovery import time_of
-from .._scan import LogScan, TornTail
-from .._segment import Problem, read_header
+from ..journal._damage import CutLedger, unrecorded
+from ..journal._decode import time_of
+from ..log import _format as fmt
+from ..log._fs import DEFAULT_FS
+from ..log._lock import owner_info
+from ..log._quarantine import cut_lines, read_manifest
+from ..log._scan import LogScan, TornTail
+from ..log._segment import Problem, read_header
 
 EXIT_OK = 0
 EXIT_PROBLEMS = 1

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 
 from ._common import EXIT_OK, EXIT_PROBLEMS, CliError
 from ._demo_child import LOG_NAME, MARKER, OUTBOX_NAME, REFUND, emails, make_tools
@@ -23,13 +24,12 @@ def _say(text: str = "") -> None:
     sys.stdout.flush()
 
 
-def _indented(argv: list[str]) -> int:
-    """Run a walj command in this process and print its output indented."""
-    from ._main import main
-
+def _indented(run: Callable[[list[str]], int], argv: list[str]) -> int:
+    """Run a walj command in this process (`run`: the CLI's main, passed in so this module
+    need not import the one that imports it) and print its output indented."""
     buffer = io.StringIO()
     with contextlib.redirect_stdout(buffer):
-        code = main(argv)
+        code = run(argv)
     for line in buffer.getvalue().splitlines():
         _say(("     " + line).rstrip())
     return code
@@ -82,7 +82,7 @@ def _run_child(directory: str) -> None:
          f"{emails(directory)} email, but no outcome was recorded")
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
+def cmd_demo(args: argparse.Namespace, *, run: Callable[[list[str]], int]) -> int:
     from .. import ToolJournal
 
     directory = _prepare(args.dir)
@@ -109,13 +109,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     eid = blockers[0].execution_id if blockers else None
     _say()
     _say(f"3. What an operator sees: walj inspect {log}")
-    _indented(["inspect", log])
+    _indented(run, ["inspect", log])
     _say()
     _say(f"4. The operator checks {OUTBOX_NAME}, sees the email went out, and settles it:")
     note = f"{OUTBOX_NAME} shows the email was sent"
     _say(f"   $ walj resolve {log} {eid} --outcome succeeded --note '{note}' "
          "--actor demo-operator")
-    code = _indented(["resolve", log, str(eid), "--outcome", "succeeded", "--note", note,
+    code = _indented(run, ["resolve", log, str(eid), "--outcome", "succeeded", "--note", note,
                       "--actor", "demo-operator"])
     if code != EXIT_OK:
         return code

@@ -9,10 +9,11 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from .._records import Blocker, Recovery
-from .._recovery import RecoveryState, decode_record, time_of, turn_number
-from .._scan import LogScan
 from ..errors import CorruptionError, UnsupportedVersionError
+from ..journal._decode import decode_record, time_of, turn_number
+from ..journal._records import Blocker, Recovery, subject_of
+from ..journal._recovery import RecoveryState
+from ..log._scan import LogScan
 from ._common import (
     EXIT_OK,
     EXIT_PROBLEMS,
@@ -247,7 +248,7 @@ def _inspect_execution(path: str, names: list[str], wanted: str, as_json: bool) 
     ids: set[str] = set()
 
     def collect(seq: int, data: Any) -> None:
-        eid = data.get("id") if isinstance(data, dict) else None
+        eid = subject_of(data)
         if isinstance(eid, str) and eid.startswith(wanted):
             ids.add(eid)
             found.append((seq, data))
@@ -261,30 +262,30 @@ def _inspect_execution(path: str, names: list[str], wanted: str, as_json: bool) 
     now = time.time()
     blocker = next((b for b in snapshot(path, state).blockers
                     if b.execution_id == execution_id), None)
-    started = next((d for _, d in found if d.get("k") == "tool_execution_started"), None)
+    started = next((d for _, d in found if d.get("kind") == "tool_execution_started"), None)
     first = found[0][1]
-    terminal = next((d for _, d in found if d.get("k") in (
+    terminal = next((d for _, d in found if d.get("kind") in (
         "tool_execution_finished", "tool_execution_resolved", "tool_execution_blocked",
         "llm_call_finished", "llm_call_resolved")), None)
     if blocker is not None:
         status = f"blocker ({blocker.state})"
     elif terminal is None:
-        status = "pending" if first.get("k") == "llm_call_started" else "open"
-    elif terminal.get("k") == "tool_execution_blocked":
+        status = "pending" if first.get("kind") == "llm_call_started" else "open"
+    elif terminal.get("kind") == "tool_execution_blocked":
         status = "refused (dispatch was blocked; nothing ran)"
-    elif terminal.get("k") in ("tool_execution_resolved", "llm_call_resolved"):
-        status = (f"resolved: {opt_str(terminal.get('o')) or '?'} by "
+    elif terminal.get("kind") in ("tool_execution_resolved", "llm_call_resolved"):
+        status = (f"resolved: {opt_str(terminal.get('outcome')) or '?'} by "
                   f"{opt_str(terminal.get('actor')) or '?'}")
     else:
-        status = f"finished: {opt_str(terminal.get('o')) or '?'}"
+        status = f"finished: {opt_str(terminal.get('outcome')) or '?'}"
     report = {
-        "schema": "walj.execution/2",
+        "schema": "walj.execution/3",
         "path": path,
         "execution_id": execution_id,
-        "kind": "llm_call" if str(first.get("k", "")).startswith("llm_") else "tool_execution",
+        "kind": "llm_call" if str(first.get("kind", "")).startswith("llm_") else "tool_execution",
         "tool": opt_str(first.get("tool")),
-        "call_id": opt_str(first.get("call")),
-        "turn_sequence": turn_number(first.get("turn")),
+        "call_id": opt_str(first.get("call_id")),
+        "turn_sequence": turn_number(first.get("turn_sequence")),
         "status": status,
         "blocker": None if blocker is None else blocker_json(blocker, now),
         "records": [{"seq": seq, "data": data} for seq, data in found],
@@ -298,11 +299,11 @@ def _inspect_execution(path: str, names: list[str], wanted: str, as_json: bool) 
              f"{report['turn_sequence'] if report['turn_sequence'] is not None else '-'})",
              f"status     {status}"]
     if started is not None:
-        lines.append(f"arguments  sha256:{short(started.get('sha'), 64)}  "
-                     f"{short(started.get('ap'), 160)}")
-        lines.append(f"idem. key  {short(started.get('ik'), 64)}")
+        lines.append(f"arguments  sha256:{short(started.get('arguments_sha256'), 64)}  "
+                     f"{short(started.get('arguments_preview'), 160)}")
+        lines.append(f"idem. key  {short(started.get('idempotency_key'), 64)}")
     lines += ["", "Records"]
-    rows = [(seq, clock(time_of(d.get("t"))), short(d.get("k"), KIND_WIDTH),
+    rows = [(seq, clock(time_of(d.get("at"))), short(d.get("kind"), KIND_WIDTH),
              short(summary(d), 100)) for seq, d in found]
     lines += table(("SEQ", "TIME (UTC)", "KIND", "SUMMARY"), rows, right=(0,))
     write_lines(lines)

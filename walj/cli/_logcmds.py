@@ -9,11 +9,12 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import _format as fmt
-from .._fs import open_regular
-from .._quarantine import MANIFEST, QUARANTINE_DIR
-from .._recovery import decode_record, time_of
 from ..errors import CorruptionError
+from ..journal._decode import decode_record, time_of
+from ..journal._records import subject_of
+from ..log import _format as fmt
+from ..log._fs import open_regular
+from ..log._quarantine import MANIFEST, QUARANTINE_DIR
 from ._common import (
     EXIT_OK,
     EXIT_PROBLEMS,
@@ -161,10 +162,10 @@ def cmd_stats(args: argparse.Namespace) -> int:
         if not isinstance(data, dict):
             kinds["-"] = kinds.get("-", 0) + 1
             continue
-        kind = data.get("k")
+        kind = data.get("kind")
         kind = kind if isinstance(kind, str) else "-"
         kinds[kind] = kinds.get(kind, 0) + 1
-        t = time_of(data.get("t"))
+        t = time_of(data.get("at"))
         if t is not None:
             first_t = t if first_t is None else min(first_t, t)
             last_t = t if last_t is None else max(last_t, t)
@@ -241,7 +242,7 @@ def _tool_name(value: Any) -> str:
 def _count_tool_record(kind: str, data: dict[str, Any], t: float | None,
                        tools: dict[str, ToolStats],
                        open_calls: dict[str, tuple[str, float | None]]) -> None:
-    execution_id = data.get("id")
+    execution_id = subject_of(data)
     if not isinstance(execution_id, str):
         return
     if kind == "tool_execution_started":
@@ -253,7 +254,7 @@ def _count_tool_record(kind: str, data: dict[str, Any], t: float | None,
         if entry is None:
             return
         st = tools[entry[0]]
-        outcome = opt_str(data.get("o")) or "unknown"
+        outcome = opt_str(data.get("outcome")) or "unknown"
         st.outcomes[outcome] = st.outcomes.get(outcome, 0) + 1
         if t is not None and entry[1] is not None:
             st.durations.append(max(0.0, t - entry[1]))

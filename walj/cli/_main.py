@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -45,7 +46,7 @@ def _kinds(p: argparse.ArgumentParser) -> None:
 def _engines() -> str:
     """Which checksum and JSON implementations this process uses: C or the stdlib fallback."""
     from .. import _codec
-    from .. import _format as fmt
+    from ..log import _format as fmt
 
     return (f"checksums: {'pure-Python XXH64' if fmt.PURE_XXH64 else 'xxhash'}; "
             f"JSON: {'msgspec' if _codec.HAVE_MSGSPEC else 'json (stdlib)'}")
@@ -156,7 +157,7 @@ def _command(name: str) -> Callable[[argparse.Namespace], int]:
         return _write.cmd_resolve if name == "resolve" else _write.cmd_repair
     from ._demo import cmd_demo
 
-    return cmd_demo
+    return functools.partial(cmd_demo, run=main)
 
 
 def main(argv: Sequence[str] | None = None, *, forensic: bool = False) -> int:

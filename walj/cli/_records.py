@@ -13,11 +13,11 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from .. import _format as fmt
-from .._fs import open_regular
-from .._records import record_kind
-from .._recovery import decode_record
-from .._scan import LogScan
+from ..journal._decode import decode_record
+from ..journal._records import record_kind, subject_of
+from ..log import _format as fmt
+from ..log._fs import open_regular
+from ..log._scan import LogScan
 from ._common import (
     EXIT_OK,
     EXIT_PROBLEMS,
@@ -43,7 +43,7 @@ _RAW_UNSAFE = re.compile(rb"[\x00-\x1f\x7f]|\xc2[\x80-\x9f]"
 
 
 def kind_of(raw: bytes) -> str:
-    """The journal kind (`k`) of a record's JSON bytes; '-' for a record without one."""
+    """The journal kind (`kind`) of a record's JSON bytes; '-' for a record without one."""
     kind = record_kind(raw)
     if kind is not None:
         return kind
@@ -51,12 +51,12 @@ def kind_of(raw: bytes) -> str:
         data = decode_record(raw)
     except ValueError:
         return "-"
-    value = data.get("k") if isinstance(data, dict) else None
+    value = data.get("kind") if isinstance(data, dict) else None
     return value if isinstance(value, str) else "-"
 
 
 def _turn(data: dict[str, Any]) -> str:
-    turn = data.get("turn")
+    turn = data.get("turn_sequence")
     return "" if turn is None else f" turn {turn}"
 
 
@@ -64,37 +64,39 @@ def summary(data: Any) -> str:
     """A one-line description of a record, for the table view."""
     if not isinstance(data, dict):
         return short(data, 100)
-    kind = data.get("k")
+    kind = data.get("kind")
     if kind in ("turn_started", "turn_completed"):
         return _turn(data).strip()
     if kind == "tool_execution_started":
-        return f"{data.get('tool')} {data.get('call')}{_turn(data)} args {data.get('ap')}"
+        return (f"{data.get('tool')} {data.get('call_id')}{_turn(data)} args "
+                f"{data.get('arguments_preview')}")
     if kind == "tool_execution_finished":
-        if data.get("err"):
-            return f"{data.get('o')}: {data.get('err')}"
-        return f"{data.get('o')}: {data.get('op')}"
+        if data.get("error"):
+            return f"{data.get('outcome')}: {data.get('error')}"
+        return f"{data.get('outcome')}: {data.get('output_preview')}"
     if kind == "tool_execution_ambiguous":
-        return f"interrupted by {data.get('et')}"
+        return f"interrupted by {data.get('error_type')}"
     if kind == "tool_execution_blocked":
-        count = len(str_list(data.get("by"))) + len(int_list(data.get("bt")))
-        return (f"{data.get('tool')} {data.get('call')}{_turn(data)} refused: blocked by "
+        count = len(str_list(data.get("blocked_by"))) + len(int_list(data.get("blocked_by_turns")))
+        return (f"{data.get('tool')} {data.get('call_id')}{_turn(data)} refused: blocked by "
                 f"{count} blocker(s)")
     if kind in ("tool_execution_resolved", "llm_call_resolved"):
-        return f"{data.get('o')} by {data.get('actor')}: {data.get('note')}"
+        return f"{data.get('outcome')} by {data.get('actor')}: {data.get('note')}"
     if kind == "turn_resolved":
-        return f"turn {data.get('turn')} by {data.get('actor')}: {data.get('note')}"
+        return f"turn {data.get('turn_sequence')} by {data.get('actor')}: {data.get('note')}"
     if kind == "tool_execution_reconcile_failed":
-        return f"{data.get('tool')} reconcile failed: {data.get('err')}"
+        return f"{data.get('tool')} reconcile failed: {data.get('error')}"
     if kind == "llm_call_started":
-        return f"model {data.get('model')}{_turn(data)} request {data.get('rp')}"
+        return f"model {data.get('model')}{_turn(data)} request {data.get('request_preview')}"
     if kind == "llm_call_finished":
-        return f"{data.get('o')}: {data.get('err') or data.get('op')}"
+        return f"{data.get('outcome')}: {data.get('error') or data.get('response_preview')}"
     return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
 
 
 def _id(data: Any) -> str:
-    if isinstance(data, dict) and isinstance(data.get("id"), str):
-        return str(data["id"])[:12]
+    subject = subject_of(data)
+    if isinstance(subject, str):
+        return subject[:12]
     return "-"
 
 
@@ -131,9 +133,9 @@ class Printer:
                           f"{'ID':<12}  SUMMARY\n")
                 self.header_done = True
             record = data if isinstance(data, dict) else {}
-            kind = record.get("k", "-") if error is None else kind_of(raw)
+            kind = record.get("kind", "-") if error is None else kind_of(raw)
             text = f"undecodable: {error}" if error is not None else summary(data)
-            out.write(printable(f"{seq:>8}  {clock(record.get('t')):<19}  "
+            out.write(printable(f"{seq:>8}  {clock(record.get('at')):<19}  "
                                 f"{short(kind, KIND_WIDTH):<{KIND_WIDTH}}  {_id(data):<12}  "
                                 f"{short(text, 120)}") + "\n")
         out.flush()

@@ -10,10 +10,10 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any
 
-from .. import _format as fmt
-from .._recovery import RecoveryState
-from .._scan import LogScan
 from ..errors import UnsupportedVersionError, WaljError
+from ..journal._recovery import RecoveryState
+from ..log import _format as fmt
+from ..log._scan import LogScan
 from ._common import (
     EXIT_OK,
     EXIT_PROBLEMS,

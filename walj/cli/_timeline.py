@@ -8,7 +8,9 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._recovery import RecoveryState, time_of, turn_number
+from ..journal._decode import time_of, turn_number
+from ..journal._records import subject_of
+from ..journal._recovery import RecoveryState
 from ._common import (
     EXIT_OK,
     EXIT_PROBLEMS,
@@ -29,7 +31,7 @@ from ._inspect import feed, snapshot
 
 
 def _t(data: dict[str, Any]) -> float | None:
-    return time_of(data.get("t"))
+    return time_of(data.get("at"))
 
 
 def _span(start: float | None, end: float | None) -> float | None:
@@ -107,33 +109,33 @@ class Builder:
     def __call__(self, seq: int, data: Any) -> None:
         if not isinstance(data, dict):
             return
-        kind, t, eid = data.get("k"), _t(data), data.get("id")
+        kind, t, eid = data.get("kind"), _t(data), subject_of(data)
         if kind == "turn_started":
-            self.turn(data.get("turn"), t)
+            self.turn(data.get("turn_sequence"), t)
         elif kind == "turn_completed":
             paired = self.state.paired_turn
             if paired is not None and paired in self.turns:
                 node = self.turns[paired]
                 node.completed, node.completed_at = True, t
         elif kind == "turn_resolved":
-            self.turn(data.get("turn")).resolution = _resolution(data, t)
+            self.turn(data.get("turn_sequence")).resolution = _resolution(data, t)
         elif kind == "tool_execution_started" and isinstance(eid, str):
-            ex = Execution(eid, opt_str(data.get("tool")), opt_str(data.get("call")), t, seq)
+            ex = Execution(eid, opt_str(data.get("tool")), opt_str(data.get("call_id")), t, seq)
             self.executions[eid] = ex
-            self.turn(data.get("turn")).items.append(ex)
+            self.turn(data.get("turn_sequence")).items.append(ex)
         elif kind == "tool_execution_blocked":
-            self.turn(data.get("turn")).items.append({
+            self.turn(data.get("turn_sequence")).items.append({
                 "refused": True, "execution_id": opt_str(eid), "seq": seq,
-                "tool": opt_str(data.get("tool")), "call_id": opt_str(data.get("call")), "at": t,
-                "blocked_by": str_list(data.get("by")),
-                "blocked_by_turns": int_list(data.get("bt"))})
+                "tool": opt_str(data.get("tool")), "call_id": opt_str(data.get("call_id")), "at": t,
+                "blocked_by": str_list(data.get("blocked_by")),
+                "blocked_by_turns": int_list(data.get("blocked_by_turns"))})
         elif kind in ("llm_call_started",) and isinstance(eid, str):
             call = {"llm_call_id": eid, "seq": seq, "model": opt_str(data.get("model")),
                     "started_at": t,
                     "finished_at": None, "duration_seconds": None, "outcome": None,
                     "pending": True}
             self.llm[eid] = call
-            self.turn(data.get("turn")).items.append(call)
+            self.turn(data.get("turn_sequence")).items.append(call)
         elif isinstance(eid, str):
             self._settle(kind, eid, data, t)
 
@@ -141,10 +143,10 @@ class Builder:
         ex = self.executions.get(eid)
         if ex is not None:
             if kind == "tool_execution_finished" and ex.outcome is None and ex.resolution is None:
-                ex.outcome, ex.finished_at = opt_str(data.get("o")) or "unknown", t
-                ex.error = opt_str(data.get("err"))
+                ex.outcome, ex.finished_at = opt_str(data.get("outcome")) or "unknown", t
+                ex.error = opt_str(data.get("error"))
             elif kind == "tool_execution_ambiguous":
-                ex.ambiguous, ex.error_type = True, opt_str(data.get("et"))
+                ex.ambiguous, ex.error_type = True, opt_str(data.get("error_type"))
             elif kind == "tool_execution_resolved" and ex.outcome is None:
                 ex.resolution = _resolution(data, t)
             return
@@ -152,15 +154,15 @@ class Builder:
         if call is not None and call["pending"]:
             if kind == "llm_call_finished":
                 call.update(finished_at=t, duration_seconds=_span(call["started_at"], t),
-                            outcome=opt_str(data.get("o")), pending=False)
+                            outcome=opt_str(data.get("outcome")), pending=False)
             elif kind == "llm_call_resolved":
-                call.update(outcome=f"resolved {opt_str(data.get('o')) or 'unknown'}",
+                call.update(outcome=f"resolved {opt_str(data.get('outcome')) or 'unknown'}",
                             pending=False)
 
 
 def _resolution(data: dict[str, Any], t: float | None) -> dict[str, Any]:
-    return {"outcome": opt_str(data.get("o", "resolved")), "actor": opt_str(data.get("actor")),
-            "note": opt_str(data.get("note")), "at": t}
+    return {"outcome": opt_str(data.get("outcome", "resolved")),
+            "actor": opt_str(data.get("actor")), "note": opt_str(data.get("note")), "at": t}
 
 
 def _turn_json(node: TurnNode) -> dict[str, Any]:

@@ -7,10 +7,10 @@ import argparse
 import os
 from typing import Any
 
-from .._fs import DEFAULT_FS
-from .._quarantine import QUARANTINE_DIR, cut_segment
-from .._scan import LogScan
 from ..errors import CorruptionError, LockedError, ResolutionError
+from ..log._fs import DEFAULT_FS
+from ..log._quarantine import QUARANTINE_DIR, cut_segment
+from ..log._scan import LogScan
 from ._common import (
     EXIT_OK,
     EXIT_PROBLEMS,
@@ -61,7 +61,7 @@ def cmd_resolve(args: argparse.Namespace) -> int:
     first = next(records, None)
     if first is not None and kind_of(first[1]) == "-":
         raise CliError(f"{path} is a walj log but not a tool journal: nothing to resolve")
-    from .._journal import ToolJournal
+    from ..journal._journal import ToolJournal
 
     try:
         journal = ToolJournal.open(path, lock_timeout=0)
@@ -144,7 +144,7 @@ def cmd_repair(args: argparse.Namespace) -> int:
     segment_names(path)
     lock = None
     if not args.dry_run:
-        from .._lock import WriterLock
+        from ..log._lock import WriterLock
 
         try:
             lock = WriterLock(DEFAULT_FS, path, 0)

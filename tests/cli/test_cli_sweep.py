@@ -1,0 +1,105 @@
+"""`walj sweep` over 200 session directories, a few blocked and a few corrupt (each in its own
+way), finds exactly those, in a process pool and in one process."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from cli_helpers import flip_byte, make_journal, record_offset, walj_cli
+from helpers import segments
+
+BLOCKED = {"s-017", "s-058", "team/s-133", "s-190"}
+CORRUPT = {"s-003", "s-077", "team/s-121", "s-160", "s-199"}
+UNSUPPORTED = {"s-042"}
+
+
+def _name(i: int) -> str:
+    return f"team/s-{i:03d}" if 120 <= i < 140 else f"s-{i:03d}"
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """200 sessions, copied from three templates (copying is much cheaper than writing)."""
+    base = tmp_path_factory.mktemp("sweep")
+    clean, blocked = base / "t-clean", base / "t-blocked"
+    make_journal(clean, turns=1, segment_bytes=1024)
+    make_journal(blocked, turns=1, blocked=True, segment_bytes=1024)
+    assert len(segments(clean)) >= 3
+    sessions = base / "sessions"
+    for i in range(200):
+        name = _name(i)
+        shutil.copytree(blocked if name in BLOCKED else clean, sessions / name)
+    damage = sorted(CORRUPT)
+    # a flipped byte in a sealed segment, in the last one, a missing segment, a cut seal, and
+    # an edited record whose line checksum still fails
+    flip_byte(segments(sessions / damage[0])[0], record_offset(
+        segments(sessions / damage[0])[0], b'"kind":"turn_started"'))
+    last = segments(sessions / damage[1])[-1]
+    flip_byte(last, last.stat().st_size - 30)
+    with open(last, "ab") as f:  # a valid-looking line after the damage: not a torn tail
+        f.write(segments(sessions / damage[1])[0].read_bytes().splitlines(keepends=True)[1])
+    segments(sessions / damage[2])[1].unlink()
+    seg = segments(sessions / damage[3])[0]
+    seg.write_bytes(seg.read_bytes()[:-20] + b"\n")
+    seg = segments(sessions / damage[4])[1]
+    data = seg.read_bytes()
+    seg.write_bytes(data.replace(b'"outcome":"ok"', b'"outcome":"OK"', 1)
+                    if b'"outcome":"ok"' in data else data[:200] + b"X" + data[201:])
+    # a journal record with a contract version this walj does not know
+    newer = sessions / sorted(UNSUPPORTED)[0]
+    shutil.rmtree(newer)
+    import walj
+
+    with walj.Log.open(newer) as log:
+        log.append({"kind": "turn_started", "version": 99, "turn_sequence": 1, "at": 1.0})
+    # not sessions: a stray file, an empty folder, and a log's own quarantine folder
+    (sessions / "README.txt").write_text("not a log")
+    (sessions / "empty").mkdir()
+    return sessions
+
+
+def test_sweep_finds_exactly_the_blocked_and_corrupt_sessions(root: Path) -> None:
+    run = walj_cli("sweep", root, "--jobs", "2", "--json")
+    assert run.code == 1, run.err
+    report = run.json()
+    assert report["schema"] == "walj.sweep/1"
+    assert report["logs"] == 200
+    by_status: dict[str, set[str]] = {}
+    for session in report["sessions"]:
+        assert set(session) == {"path", "status", "records", "last_seq", "blocked", "blockers",
+                                "problem_count", "problems", "torn_tail", "detail"}
+        rel = str(Path(session["path"]).relative_to(root))
+        by_status.setdefault(session["status"], set()).add(rel)
+    assert by_status.pop("blocked") == BLOCKED
+    assert by_status.pop("corrupt") == CORRUPT
+    assert by_status.pop("unsupported") == UNSUPPORTED
+    assert set(by_status) == {"clean"} and len(by_status["clean"]) == 190
+    assert report["counts"] == {"clean": 190, "blocked": 4, "corrupt": 5, "unsupported": 1,
+                                "unreadable": 0}
+    for session in report["sessions"]:
+        damaged = session["status"] == "corrupt"
+        assert (session["problem_count"] > 0) == damaged
+        assert bool(session["problems"]) == damaged
+    blocked = next(s for s in report["sessions"] if s["path"].endswith("s-017"))
+    assert blocked["blockers"][0]["tool"] == "send"
+    assert blocked["blockers"][0]["state"] == "ambiguous"
+
+
+def test_sweep_in_one_process_and_as_a_table(root: Path) -> None:
+    run = walj_cli("sweep", root, "--jobs", "1")
+    assert run.code == 1, run.err
+    lines = run.out.splitlines()
+    assert lines[0].endswith("200 logs: 190 clean, 4 blocked, 5 corrupt, 1 unsupported")
+    listed = {line.split()[0] for line in lines[3:] if line.startswith("  ")}
+    assert listed == BLOCKED | CORRUPT | UNSUPPORTED
+
+
+def test_sweep_of_clean_sessions_exits_0(root: Path, tmp_path: Path) -> None:
+    clean = tmp_path / "clean"
+    for name in ("s-001", "s-002", "team/s-125"):
+        shutil.copytree(root / name, clean / name)
+    run = walj_cli("sweep", clean, "--all")
+    assert run.code == 0, run.err
+    assert "3 logs: 3 clean" in run.out and "team/s-125" in run.out

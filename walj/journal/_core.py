@@ -1,0 +1,292 @@
+"""The journal's core: the locked writer and the live-state table. Turn, LLMCall and the
+resolution code talk to a journal through this one object, never through ToolJournal's
+private attributes; ToolJournal is the public face that owns one."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ..errors import ClosedError, PoisonedError, RecordTooLargeError, SerializationError, TurnError
+from ..log import Log, read
+from . import _damage, _writes
+from . import _records as rc
+from ._fingerprint import Redactor
+from ._recovery import Recovery, RecoveryState
+from ._tools import Tool
+
+
+class TurnSlot:
+    """What the core knows of a turn: its number and whether it was abandoned (never again
+    live). A turn is live exactly while the core names it as `live_turn`: there is no second
+    flag for an interrupt to leave out of step."""
+
+    def __init__(self) -> None:
+        self.sequence = 0
+        self.abandoned = False  # set under the core's state lock
+
+
+class Core:
+    """One journal's writer and live state.
+
+    Lock order: `write_lock`, then `lock`. `write_lock` is held across every append and the
+    feed of its record, so the state takes records in seq order, and across a dispatch's
+    blocked check and its intent, so no intent is written while blocked. `lock` guards the
+    state and the live sets, for quick readers. `resolve_lock` keeps resolutions one at a time.
+    """
+
+    def __init__(self, log: Log, state: RecoveryState, tools: dict[str, Tool], *,
+                 arguments_chars: int, output_chars: int, redactor: Redactor,
+                 store_arguments: bool, block_on_pending_llm_calls: bool) -> None:
+        self.log = log
+        self.log_id = log.log_id
+        self.state = state
+        self.tools: Mapping[str, Tool] = tools
+        self.arguments_chars = arguments_chars
+        self.output_chars = output_chars
+        self.redactor = redactor
+        self.store_arguments = store_arguments
+        self.block_on_pending_llm_calls = block_on_pending_llm_calls
+        self.write_lock = threading.RLock()
+        self.lock = threading.Lock()
+        self.resolve_lock = threading.Lock()
+        self.live: set[str] = set()  # executions whose handler may be running
+        self.live_llm: set[str] = set()  # LLM calls in flight
+        self.live_turn: TurnSlot | None = None
+        # Terminal and ambiguous records whose execution already left the live set, written
+        # before anything else under write_lock (a cancelled task cannot wait for its fsync).
+        self._settlements: list[tuple[str, dict[str, Any]]] = []
+        # Executions whose caller gave up while the intent was still being written: the
+        # record to write once the intent lands (the handler is never called).
+        self._abandoned: dict[str, dict[str, Any]] = {}
+        self._beginning: set[str] = set()  # executions whose intent is being written
+        self.unknown_state: BaseException | None = None  # the state could not be rebuilt
+        self.closed = False
+
+    # --- reading the state ----------------------------------------------------------------------
+
+    def live_view(self) -> dict[str, Any]:
+        """With `lock` held: what is in flight in this process, for the state's questions."""
+        return {
+            "live_executions": self.live,
+            "live_turn": self.live_turn.sequence if self.live_turn is not None else None,
+            "live_llm_calls": self.live_llm,
+            "block_on_pending_llm_calls": self.block_on_pending_llm_calls,
+        }
+
+    def snapshot(self) -> Recovery:
+        with self.lock:
+            return self.state.snapshot(**self.live_view())
+
+    def is_blocked(self) -> bool:
+        """True while dispatch would refuse: blockers, or a log that can no longer write."""
+        if self.log.poisoned or self.unknown_state is not None:
+            return True
+        with self.lock:
+            return self.state.is_blocked(**self.live_view())
+
+    def _blocked_now(self) -> tuple[Any, ...] | None:
+        """With write_lock held: the blockers if dispatch is blocked now, else None."""
+        blockers = None
+        with self.lock:
+            if self.state.is_blocked(**self.live_view()):
+                blockers = self.state.snapshot(**self.live_view()).blockers
+        return blockers
+
+    def check_open(self) -> None:
+        if self.closed:
+            raise ClosedError("journal is closed")
+        if self.unknown_state is not None:
+            raise PoisonedError(f"the journal's state could not be rebuilt after an interrupt "
+                                f"({self.unknown_state!r}); reopen it")
+
+    # --- writing --------------------------------------------------------------------------------
+
+    def write(self, record: dict[str, Any], *, durable: bool,
+              on_fed: Callable[[int], None] | None = None) -> int:
+        """Append one record and feed it to the recovery state, the same function a reopen uses,
+        so the live view always equals what a replay would rebuild. Anything that stops the
+        two from happening together (an interrupt, a failed write) rebuilds the state from the
+        files. `on_fed(seq)` runs under the state lock once the record is in the state."""
+        with self.write_lock:
+            refused_unwritten = self.log.poisoned  # then append writes nothing
+            try:
+                seq = self.log.append(record, durable=durable)
+                with self.lock:
+                    self.state.feed(seq, record)
+                    if on_fed is not None:
+                        on_fed(seq)
+            except (SerializationError, RecordTooLargeError, ClosedError):
+                raise  # refused before anything was written
+            except BaseException:
+                if not refused_unwritten:
+                    self._resync()
+                raise
+            return seq
+
+    def _resync(self) -> None:
+        """With write_lock held: rebuild the state from the log's files. A record the log may
+        or may not have written is then in the state exactly when it is in the file."""
+        if self.unknown_state is not None:
+            return
+        state = RecoveryState()
+        try:
+            for record in read(self.log.path):
+                state.feed(record.seq, record.data)
+        except Exception as exc:  # damaged meanwhile: fail closed, refuse work until reopened
+            self.unknown_state = exc
+            return
+        except BaseException as exc:  # a second interrupt: fail closed, and let it go on
+            self.unknown_state = exc
+            raise
+        with self.lock:
+            self.state = state
+
+    def record_cuts(self) -> None:
+        """On open: a durable log_cut record for each cut in quarantine/ not yet recorded, so a
+        cut that no crash explains blocks from now on, here and after every reopen. A crash
+        between a cut and its record leaves the manifest line, and the next open records it."""
+        with self.write_lock:
+            for record in _damage.unrecorded(self.log.quarantined(), self.state.cuts,
+                                             self.log.cut_lines, _writes.now()):
+                self.write(record, durable=True)
+
+    # --- executions -----------------------------------------------------------------------------
+
+    def begin(self, started: dict[str, Any], execution_id: str) -> tuple[Any, ...] | None:
+        """Durably write the intent and make the execution live, unless dispatch is blocked:
+        then write tool_execution_blocked and return the blockers. One atomic step."""
+
+        def live(seq: int) -> None:
+            abandoned = self._abandoned.pop(execution_id, None)
+            if abandoned is None:
+                self.live.add(execution_id)
+            else:  # its caller gave up while the intent was written: settle it at once
+                self._settlements.append((execution_id, abandoned))
+
+        with self.write_lock:
+            try:
+                with self.lock:
+                    self._beginning.add(execution_id)
+                self.check_open()
+                self.write_settlements()
+                blockers = self._blocked_now()
+                if blockers is not None:
+                    self.write(_writes.blocked_record(started, blockers), durable=False)
+                    return blockers
+                self.write(started, durable=True, on_fed=live)
+                self.write_settlements()
+                return None
+            finally:
+                with self.lock:
+                    self._beginning.discard(execution_id)
+                    self._abandoned.pop(execution_id, None)
+
+    def end(self, execution_id: str, record: dict[str, Any]) -> None:
+        """Durably write an execution's terminal record; it leaves the live set with it."""
+        with self.write_lock:
+            self.write_settlements()
+            if execution_id not in self.state.executions:
+                return  # a queued copy (its caller was cancelled) landed first
+            self.write(record, durable=True, on_fed=lambda seq: self.live.discard(execution_id))
+
+    def settle_later(self, execution_id: str, record: dict[str, Any]) -> None:
+        """Without waiting for any lock but the state's: the execution leaves the live set now
+        (so it blocks here, as after a restart) and `record` is written before anything else.
+        For an execution whose intent is still being written, once it lands."""
+        with self.lock:
+            if execution_id in self.live:
+                self.live.discard(execution_id)
+                self._settlements.append((execution_id, record))
+            elif execution_id in self.state.executions:
+                self._settlements.append((execution_id, record))
+            elif execution_id in self._beginning:
+                self._abandoned[execution_id] = record
+            # else its intent was never written: there is nothing to settle
+
+    def write_settlements(self) -> None:
+        """Write the queued records of executions still open, before anything else (from a
+        worker thread too). Never a second terminal record: a resolution or terminal that
+        came first wins. Errors leave the record queued, or poison."""
+        with self.write_lock:
+            while self._settlements:
+                with self.lock:
+                    if not self._settlements:
+                        return
+                    execution_id, record = self._settlements[0]
+                    still_open = execution_id in self.state.executions
+                if still_open and self.unknown_state is None:
+                    self.write(record, durable=True)
+                with self.lock:
+                    if self._settlements and self._settlements[0][0] == execution_id:
+                        del self._settlements[0]
+
+    def interrupted(self, execution_id: str, exc: BaseException) -> None:
+        """An interrupt or failure between an intent and its terminal record: the execution
+        blocks from now on, and tool_execution_ambiguous is written (best effort, never
+        raises: the interrupt in flight matters more than this record)."""
+        self.settle_later(execution_id, _writes.ambiguous_record(execution_id, exc))
+        try:
+            self.write_settlements()
+        except BaseException:  # noqa: B036 - a second interrupt or a dead log: the blocker stays
+            pass
+
+    # --- turns ----------------------------------------------------------------------------------
+
+    def start_turn(self, turn: TurnSlot) -> int:
+        """Make `turn` the live turn and write turn_started. The number and the record are
+        taken under write_lock, so a turn abandoned mid-write can never share its number."""
+        with self.write_lock:
+            self.check_open()
+            with self.lock:
+                if self.live_turn is not None:
+                    raise TurnError(f"turn {self.live_turn.sequence} is still live; turns do "
+                                    "not nest")
+                if turn.abandoned:
+                    raise TurnError("the turn was abandoned before it started")
+                sequence = self.state.max_turn + 1
+                turn.sequence = sequence
+                self.live_turn = turn
+            try:
+                self.write(_writes.turn_record(rc.TURN_STARTED, sequence), durable=False)
+            except BaseException:
+                self.release_turn(turn)
+                raise
+            with self.lock:
+                if turn.abandoned and self.live_turn is turn:
+                    self.live_turn = None  # its caller was cancelled while we wrote
+            return sequence
+
+    def release_turn(self, turn: TurnSlot) -> None:
+        with self.lock:
+            turn.abandoned = True
+            if self.live_turn is turn:
+                self.live_turn = None
+
+    def end_turn(self, turn: TurnSlot, completed: bool) -> None:
+        """Write turn_completed (if completed) and end the turn. Only while it is still the
+        live turn: once a cancelled exit released it, a later turn may have started, which
+        this completion would pair with instead."""
+        try:
+            with self.write_lock:
+                if completed and self.live_turn is turn:
+                    self.write(_writes.turn_record(rc.TURN_COMPLETED, turn.sequence), durable=False)
+                self.release_turn(turn)
+        except BaseException:
+            self.release_turn(turn)
+            raise
+
+    # --- closing --------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Write what is queued, then close the log (syncing what was appended). Idempotent;
+        raises PoisonedError (once) if the log was poisoned."""
+        try:
+            if not self.closed:
+                with self.write_lock:
+                    if self.unknown_state is None and not self.log.poisoned:
+                        self.write_settlements()
+        finally:
+            self.closed = True
+            self.log.close()  # idempotent: a second call finishes one an interrupt stopped

@@ -1,0 +1,293 @@
+"""ToolJournal, the public face of a journal: opening (one-pass rebuild, then automatic
+settlement), its recovery view, turns, LLM calls, function calls, resolution and closing. Its
+state and writes live in its Core."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from types import MappingProxyType, TracebackType
+from typing import Any
+
+from ..errors import UnknownToolError, WaljError
+from ..log import Log
+from . import _resolve
+from ._core import Core
+from ._fingerprint import (
+    ARGUMENTS_PREVIEW_CHARS,
+    DEFAULT_REDACT_KEYS,
+    FAST_CANONICAL,
+    OUTPUT_PREVIEW_CHARS,
+    Redactor,
+    describe_arguments,
+    describe_error,
+)
+from ._llm import LLMCall
+from ._recovery import Recovery, RecoveryState, Resolution
+from ._tools import Tool, error_result, invoke, lookup, normalise_calls, tools_from
+from ._turn import Turn
+
+_SESSION_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@+=-]{0,127}")
+
+
+def check_session_id(session_id: Any) -> str:
+    """Refuse, with ValueError, anything but 1-128 characters of [A-Za-z0-9_.@+=-] that does
+    not start with '.' or '-': no separators, no traversal, no hidden or empty names."""
+    if not isinstance(session_id, str):
+        raise ValueError(f"session id must be a string, not {type(session_id).__name__}")
+    if not session_id:
+        raise ValueError("session id is empty")
+    if len(session_id) > 128:
+        raise ValueError(f"session id is {len(session_id)} characters; the limit is 128")
+    if _SESSION_ID.fullmatch(session_id) is None:
+        raise ValueError(
+            f"unsafe session id {session_id!r}: use letters, digits and _.@+=- only, not "
+            "starting with '.' or '-' (no path separators or traversal)"
+        )
+    return session_id
+
+
+class ToolJournal:
+    """Crash-safe tool execution over one walj log. Open with `ToolJournal.open`."""
+
+    def __init__(self, core: Core) -> None:
+        self._core = core
+        self._log = core.log
+
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        tools: Mapping[str, Any] | None = None,
+        preview_chars: int = ARGUMENTS_PREVIEW_CHARS,
+        output_preview_chars: int = OUTPUT_PREVIEW_CHARS,
+        redact_keys: Iterable[str] = DEFAULT_REDACT_KEYS,
+        store_arguments: bool = False,
+        block_on_pending_llm_calls: bool = False,
+        **log_options: Any,
+    ) -> ToolJournal:
+        """Open (creating if needed) the journal in directory `path` and rebuild its recovery
+        state in one pass. Reconcile hooks and on_ambiguous policies of registered tools then
+        settle what they can, durably. `log_options` go to walj.Log.open."""
+        registry = tools_from(tools)
+        for name, value in (("preview_chars", preview_chars),
+                            ("output_preview_chars", output_preview_chars)):
+            if type(value) is not int or value < 1:
+                raise ValueError(f"{name} must be a positive int, not {value!r}")
+        redactor = Redactor(redact_keys)
+        state = RecoveryState()
+        # The one internal hook of the log: each verified record's bytes, during the open's scan.
+        log = Log.open(path, _replay=state.feed_json, **log_options)
+        try:
+            core = Core(
+                log, state, registry,
+                arguments_chars=preview_chars,
+                output_chars=output_preview_chars,
+                redactor=redactor,
+                store_arguments=bool(store_arguments),
+                block_on_pending_llm_calls=bool(block_on_pending_llm_calls),
+            )
+            if log_options.get("recovery") != "salvage":
+                core.record_cuts()
+                _resolve.settle_automatically(core)
+            return cls(core)
+        except BaseException:
+            try:
+                log.close()
+            except WaljError:
+                pass  # the exception in flight says more
+            raise
+
+    @classmethod
+    def open_session(
+        cls, root: str | os.PathLike[str], session_id: str, **options: Any
+    ) -> ToolJournal:
+        """Open the journal of one session in `root/<session_id>/`; unsafe ids: ValueError."""
+        check_session_id(session_id)
+        base = Path(root)
+        path = base / session_id
+        if path.parent != base:
+            raise ValueError(f"unsafe session id {session_id!r}")
+        return cls.open(path, **options)
+
+    # --- what it is -----------------------------------------------------------------------------
+
+    @property
+    def path(self) -> Path:
+        return Path(self._log.path)
+
+    @property
+    def log_id(self) -> str:
+        return self._core.log_id
+
+    @property
+    def closed(self) -> bool:
+        return self._core.closed
+
+    @property
+    def tools(self) -> Mapping[str, Tool]:
+        return MappingProxyType(dict(self._core.tools))
+
+    @property
+    def arguments_chars(self) -> int:
+        return self._core.arguments_chars
+
+    @property
+    def output_chars(self) -> int:
+        return self._core.output_chars
+
+    @property
+    def redactor(self) -> Redactor:
+        return self._core.redactor
+
+    @property
+    def store_arguments(self) -> bool:
+        return self._core.store_arguments
+
+    @property
+    def block_on_pending_llm_calls(self) -> bool:
+        return self._core.block_on_pending_llm_calls
+
+    @property
+    def recovery(self) -> Recovery:
+        """The recovery view now: blockers from earlier runs (and from interrupts in this one);
+        work in flight in this process is not counted."""
+        return self._core.snapshot()
+
+    def is_blocked(self) -> bool:
+        """True while dispatch would refuse: blockers, or a log that can no longer write."""
+        return self._core.is_blocked()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._core.closed else "open"
+        return f"<walj.ToolJournal {self._log.path!r} {state}>"
+
+    def write_settlements(self) -> None:
+        """Write queued settlements now (from a worker thread); errors stay queued or poison."""
+        self._core.write_settlements()
+
+    # --- turns and LLM calls --------------------------------------------------------------------
+
+    def turn(self) -> Turn:
+        """`with journal.turn() as turn:` (or `async with`). One live turn at a time."""
+        self._core.check_open()
+        return Turn(self._core)
+
+    def _live_turn(self) -> Turn | None:
+        live = self._core.live_turn
+        return live if isinstance(live, Turn) else None
+
+    def llm_call(self, *, model: str | None = None, request: Any = None) -> LLMCall:
+        """`with journal.llm_call(model=..., request=...) as call:` then `call.finish(response)`.
+        An interrupt leaves it pending; pending calls are reported on open."""
+        self._core.check_open()
+        live = self._core.live_turn
+        return LLMCall(self._core, live.sequence if live is not None else None, model, request)
+
+    def handle_function_calls(
+        self, calls: Sequence[Any], registry: Any = None
+    ) -> list[dict[str, Any]]:
+        """Dispatch each call durably (in the live turn, or in a turn of its own) and return
+        dicts with exactly the keys name, call_id, arguments, output and error. A call whose
+        arguments are invalid JSON, nested too deeply, or JSON text that cannot be stored gets
+        an error result; other arguments that cannot be stored raise SerializationError
+        before any call is dispatched."""
+        core = self._core
+        core.check_open()
+        normalised = normalise_calls(calls, lambda arguments: describe_arguments(
+            arguments, core.arguments_chars, core.redactor, FAST_CANONICAL))
+        live = self._live_turn()
+        if live is not None:
+            return self._run_calls(live, normalised, registry)
+        with self.turn() as turn:
+            return self._run_calls(turn, normalised, registry)
+
+    def _run_calls(self, turn: Turn, calls: list[Any], registry: Any) -> list[dict[str, Any]]:
+        results: list[dict[str, Any]] = []
+        for index, call in enumerate(calls):
+            if call.problem is not None:
+                results.append(error_result(call, index, call.problem))
+                continue
+            tool = lookup(registry, call.name) if registry is not None else (
+                self._core.tools.get(call.name))
+            if tool is None:
+                results.append(error_result(call, index, f"unknown tool {call.name!r}"))
+                continue
+            result = turn._dispatch(call.name, call.arguments, call.call_id, tool, call.digest)
+            results.append(result.as_dict())
+        return results
+
+    # --- resolution -----------------------------------------------------------------------------
+
+    def resolve(
+        self,
+        execution_id: str,
+        outcome: str,
+        *,
+        note: str | None = None,
+        actor: str,
+        output: Any = None,
+    ) -> Resolution:
+        """Settle an interrupted execution (or, with block_on_pending_llm_calls, a pending LLM
+        call) durably. `outcome`: "succeeded", "failed" (needs a note) or "not_performed".
+        A log_damage blocker (its id is the quarantine file's name) takes "reviewed" and a note.
+        Refusals raise ResolutionError and write nothing."""
+        self._core.check_open()
+        return _resolve.resolve(self._core, execution_id, outcome, note=note, actor=actor,
+                                output=output)
+
+    def resolve_turn(self, turn_sequence: int, *, note: str | None = None,
+                     actor: str) -> Resolution:
+        """Settle an interrupted turn durably, so it no longer blocks dispatch."""
+        self._core.check_open()
+        return _resolve.resolve_turn(self._core, turn_sequence, note=note, actor=actor)
+
+    # --- closing --------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Write what is queued, then close the log (syncing what was appended). Idempotent;
+        raises PoisonedError (once) if the log was poisoned."""
+        self._core.close()
+
+    def __enter__(self) -> ToolJournal:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        try:
+            self.close()
+        except WaljError:
+            if exc is None:
+                raise  # else the exception in flight (often the cause) goes on unmasked
+
+
+def handle_function_calls(
+    calls: Sequence[Any], registry: Any, journal: ToolJournal | None = None
+) -> list[dict[str, Any]]:
+    """Run function calls and return one dict per call with exactly the keys name, call_id,
+    arguments, output and error. With a journal, each call goes through its durable dispatch;
+    without one, handlers are simply called and exceptions become errors."""
+    if journal is not None:
+        return journal.handle_function_calls(calls, registry)
+    normalised = normalise_calls(calls)
+    results: list[dict[str, Any]] = []
+    for index, call in enumerate(normalised):
+        if call.problem is not None:
+            results.append(error_result(call, index, call.problem))
+            continue
+        tool = lookup(registry, call.name)
+        if tool is None:
+            results.append(error_result(call, index, str(UnknownToolError(
+                f"unknown tool {call.name!r}"))))
+            continue
+        entry = error_result(call, index, "")
+        try:
+            entry["output"] = invoke(tool, call.arguments, None)
+            entry["error"] = None
+        except Exception as exc:
+            entry["error"] = describe_error(exc)
+        results.append(entry)
+    return results

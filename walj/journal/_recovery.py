@@ -1,0 +1,422 @@
+"""Recovery state rebuilt in one pass over the journal's records: blockers, incomplete turns,
+pending LLM calls and resolutions. Standard library only: the forensic tool runs this too."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Collection, Iterable, Mapping
+from typing import Any
+
+from ..errors import CorruptionError, UnsupportedVersionError
+from . import _records as r
+from ._damage import CutLedger
+from ._decode import decode_record as decode_record
+from ._decode import show, time_of, turn_number
+from ._records import Blocker as Blocker
+from ._records import IncompleteTurn as IncompleteTurn
+from ._records import PendingLLMCall as PendingLLMCall
+from ._records import Recovery as Recovery
+from ._records import Resolution as Resolution
+
+# Byte prefixes of the commonest records, read without a full decode; the journal writes
+# kind, version and the subject's id first so these match. Anything else takes the general
+# path, which decodes the record and checks every field it uses.
+_FINISHED_PREFIX = b'{"kind":"%s","version":%d,"execution_id":"' % (
+    r.FINISHED.encode(), r.CONTRACT_VERSION)
+_STARTED_PREFIX = b'{"kind":"%s","version":%d,"execution_id":"' % (
+    r.STARTED.encode(), r.CONTRACT_VERSION)
+_TURN_COMPLETED_PREFIX = b'{"kind":"%s","version":%d,' % (
+    r.TURN_COMPLETED.encode(), r.CONTRACT_VERSION)
+_TURN_STARTED_PREFIX = b'{"kind":"%s","version":%d,"turn_sequence":' % (
+    r.TURN_STARTED.encode(), r.CONTRACT_VERSION)
+_TIME_FIELD = b',"at":'
+_ID_LEN = 32
+_FIN_ID = len(_FINISHED_PREFIX)
+_FIN_ID_END = _FIN_ID + _ID_LEN
+_START_ID = len(_STARTED_PREFIX)
+_START_ID_END = _START_ID + _ID_LEN
+# Where an intent names its turn: after its id, its time (at most 30 bytes of a JSON number
+# walj writes) and the field name, so well inside this window.
+_START_TURN_WINDOW = 96
+_TURN_NO = len(_TURN_STARTED_PREFIX)
+_QUOTE = ord('"')
+_JSON_NUMBER = re.compile(rb"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+
+
+class OpenExecution:
+    """A started execution with no terminal record and no resolution. The started record may be
+    kept as its JSON bytes and decoded only when someone looks: most executions finish first."""
+
+    __slots__ = ("_raw", "_record", "seq", "turn", "open_turn", "state", "error_type",
+                 "reconcile_error")
+
+    def __init__(self, record: Mapping[str, Any] | bytes, seq: int, turn: int | None,
+                 open_turn: OpenTurn | None = None) -> None:
+        self._raw: bytes | None = record if isinstance(record, bytes) else None
+        self._record: Mapping[str, Any] | None = None if isinstance(record, bytes) else record
+        self.seq = seq
+        self.turn = turn
+        self.open_turn = open_turn  # its turn while that is open, to count it there
+        self.state = r.STATE_STARTED
+        self.error_type: str | None = None
+        self.reconcile_error: str | None = None
+
+    @property
+    def record(self) -> Mapping[str, Any]:
+        if self._record is None:
+            assert self._raw is not None
+            try:
+                record = decode_record(self._raw)
+            except ValueError as exc:
+                raise CorruptionError(f"journal record {self.seq} is not JSON: {exc}",
+                                      seq=self.seq, kind="journal_record") from None
+            if not isinstance(record, dict):
+                raise CorruptionError(f"journal record {self.seq} is not a JSON object",
+                                      seq=self.seq, kind="journal_record")
+            self._record, self._raw = record, None
+        return self._record
+
+
+class OpenTurn:
+    __slots__ = ("sequence", "seq", "started_at", "started", "unfinished", "resolved", "tag")
+
+    def __init__(self, sequence: int, seq: int, started_at: float | None) -> None:
+        self.sequence = sequence
+        self.tag = b',"turn_sequence":%d,' % sequence  # how its executions' started records name it
+        self.seq = seq
+        self.started_at = started_at
+        self.started = 0  # executions started in it
+        self.unfinished = 0  # of those, how many never got tool_execution_finished
+        self.resolved = False
+
+    @property
+    def interrupted(self) -> bool:
+        """Tool-bearing, every execution finished, yet no turn_completed. A turn with an
+        unfinished execution is settled through that execution's blocker instead."""
+        return self.started > 0 and self.unfinished == 0 and not self.resolved
+
+
+def _time(record: Mapping[str, Any]) -> float | None:
+    return time_of(record.get("at"))
+
+
+def _opt_str(record: Mapping[str, Any], key: str) -> str | None:
+    value = record.get(key)
+    return value if isinstance(value, str) else None
+
+
+class RecoveryState:
+    """Feed every record in log order (`feed` or `feed_json`), then take a `snapshot`.
+
+    Memory is bounded by what is open: executions without a terminal record, turns without a
+    completion, pending LLM calls, and resolutions. Finished work is forgotten as it closes.
+    """
+
+    def __init__(self) -> None:
+        self.executions: dict[str, OpenExecution] = {}
+        self.turns: dict[int, OpenTurn] = {}
+        self.turn_stack: list[int] = []  # unpaired turn starts, oldest first
+        self.llm_calls: dict[str, tuple[Mapping[str, Any], int]] = {}
+        # Pending LLM calls whose started record says `"blocks": true` (written by a journal
+        # opened with block_on_pending_llm_calls=True): they block whatever the reader asks.
+        self.blocking_llm_calls: set[str] = set()
+        self.resolutions: list[Resolution] = []
+        self.cuts = CutLedger(self.resolutions)  # what recovery cut, and what of it blocks
+        self.max_turn = 0
+        self.top: OpenTurn | None = None  # the latest unpaired turn start
+        self.paired_turn: int | None = None  # the turn the last turn_completed completed
+        self.records = 0
+        self.last_seq = 0
+        self._handlers: dict[str, Callable[[int, Mapping[str, Any]], None]] = {
+            r.TURN_STARTED: self._turn_started, r.TURN_COMPLETED: self._turn_completed,
+            r.TURN_RESOLVED: self._turn_resolved, r.STARTED: self._started,
+            r.FINISHED: self._finished, r.AMBIGUOUS: self._ambiguous, r.BLOCKED: self._ignore,
+            r.RESOLVED: self._resolved, r.RECONCILE_FAILED: self._reconcile_failed,
+            r.LLM_STARTED: self._llm_started, r.LLM_FINISHED: self._llm_finished,
+            r.LLM_RESOLVED: self._llm_resolved, r.LOG_CUT: self.cuts.log_cut,
+            r.LOG_CUT_RESOLVED: self._cut_resolved,
+        }
+
+    # --- feeding --------------------------------------------------------------------------------
+
+    def feed_json(self, seq: int, data: bytes) -> None:
+        """Feed one record as its JSON bytes (the log's replay callback)."""
+        if data.startswith(_FINISHED_PREFIX):
+            if len(data) > _FIN_ID_END and data[_FIN_ID_END] == _QUOTE:
+                self.records += 1
+                self.last_seq = seq
+                execution = self.executions.pop(data[_FIN_ID:_FIN_ID_END].decode("latin-1"), None)
+                if execution is not None and execution.open_turn is not None:
+                    execution.open_turn.unfinished -= 1
+                return
+        elif data.startswith(_STARTED_PREFIX):
+            # The journal dispatches only in its one live turn, the latest started: check for
+            # that turn's tag rather than parsing the number. Anything else is decoded below.
+            top = self.top
+            if (top is not None and len(data) > _START_ID_END and data[_START_ID_END] == _QUOTE
+                    and data.find(top.tag, _START_ID_END, _START_ID_END + _START_TURN_WINDOW) > 0):
+                self.records += 1
+                self.last_seq = seq
+                self.executions[data[_START_ID:_START_ID_END].decode("latin-1")] = (
+                    OpenExecution(data, seq, top.sequence, top))
+                top.started += 1
+                top.unfinished += 1
+                return
+        elif data.startswith(_TURN_COMPLETED_PREFIX):
+            self.records += 1
+            self.last_seq = seq
+            self._pop_turn()
+            return
+        elif data.startswith(_TURN_STARTED_PREFIX) and data.endswith(b"}"):
+            comma = data.find(_TIME_FIELD, _TURN_NO, _TURN_NO + 24)
+            digits = data[_TURN_NO:comma]
+            if comma > _TURN_NO and digits.isdigit():
+                number = data[comma + len(_TIME_FIELD) : -1]
+                # Only a plain finite JSON number: float() also takes NaN, inf and 1_0, which the
+                # general path refuses.
+                if _JSON_NUMBER.fullmatch(number) and math.isfinite(started_at := float(number)):
+                    self.records += 1
+                    self.last_seq = seq
+                    self._open_turn(seq, int(digits), time_of(started_at))
+                    return
+        try:
+            record = decode_record(data)
+        except ValueError as exc:
+            raise CorruptionError(f"journal record {seq} is not JSON: {exc}", seq=seq,
+                                  kind="journal_record") from exc
+        self.feed(seq, record)
+
+    def feed(self, seq: int, record: Any) -> None:
+        """Feed one decoded record. Refuses an unknown contract version or kind (fail closed)."""
+        if not isinstance(record, dict):
+            raise CorruptionError(f"journal record {seq} is not a JSON object", seq=seq,
+                                  kind="journal_record")
+        version = record.get("version")
+        if version is None and "v" in record:  # walj 0.1's short keys: contract version 1
+            version = record["v"]
+        if type(version) is not int or version not in r.SUPPORTED_VERSIONS:
+            raise UnsupportedVersionError(
+                f"journal record {seq} has contract version {show(version)}; this walj knows "
+                f"{', '.join(str(v) for v in sorted(r.SUPPORTED_VERSIONS))} and refuses to guess",
+                seq=seq, kind="unsupported_contract_version")
+        kind = record.get("kind")
+        handler = self._handlers.get(kind) if isinstance(kind, str) else None
+        if handler is None:
+            raise CorruptionError(f"journal record {seq} has unknown kind {show(kind)}",
+                                  seq=seq, kind="journal_record")
+        self.records += 1
+        self.last_seq = seq
+        handler(seq, record)
+
+    def _id(self, seq: int, record: Mapping[str, Any]) -> str:
+        """The id the record is about (execution_id, llm_call_id), which it must have."""
+        field = r.SUBJECT[record["kind"]]
+        value = record.get(field)
+        if not isinstance(value, str) or not value:
+            raise CorruptionError(f"journal record {seq} ({record['kind']}) has no {field}",
+                                  seq=seq, kind="journal_record")
+        return value
+
+    def _text(self, seq: int, record: Mapping[str, Any], key: str, default: Any = None) -> str:
+        """A field a settlement needs (outcome, actor): a string, else the record is refused."""
+        value = record.get(key, default)
+        if not isinstance(value, str):
+            raise CorruptionError(
+                f"journal record {seq} ({record.get('kind')}) has {key} {show(value)}, not a "
+                "string", seq=seq, kind="journal_record")
+        return value
+
+    def _ignore(self, seq: int, record: Mapping[str, Any]) -> None:
+        pass
+
+    def _turn_started(self, seq: int, record: Mapping[str, Any]) -> None:
+        self._open_turn(seq, record.get("turn_sequence"), _time(record))
+
+    def _open_turn(self, seq: int, sequence: Any, started_at: float | None) -> None:
+        if turn_number(sequence) is None or sequence in self.turns:
+            raise CorruptionError(f"journal record {seq} starts turn {show(sequence)}, which "
+                                  "is not a new turn number", seq=seq, kind="journal_record")
+        self.top = self.turns[sequence] = OpenTurn(sequence, seq, started_at)
+        self.turn_stack.append(sequence)
+        self.max_turn = max(self.max_turn, sequence)
+
+    def _turn_completed(self, seq: int, record: Mapping[str, Any]) -> None:
+        self._pop_turn()
+
+    def _pop_turn(self) -> None:
+        # LIFO: a completion pairs with the latest unpaired start, whatever its timestamp, so a
+        # later completed turn can never pair with (and hide) an older interrupted one.
+        self.paired_turn = None
+        if self.turn_stack:
+            self.paired_turn = self.turn_stack.pop()
+            del self.turns[self.paired_turn]
+            self.top = self.turns[self.turn_stack[-1]] if self.turn_stack else None
+
+    def _turn_resolved(self, seq: int, record: Mapping[str, Any]) -> None:
+        sequence = record.get("turn_sequence")
+        turn = self.turns.get(sequence) if type(sequence) is int else None
+        if turn is None or turn.resolved:
+            return
+        outcome = self._text(seq, record, "outcome", "resolved")
+        actor = self._text(seq, record, "actor")
+        turn.resolved = True
+        self.resolutions.append(Resolution("turn", None, turn.sequence, None, outcome, actor,
+                                           _opt_str(record, "note"), _time(record), seq))
+
+    def _started(self, seq: int, record: Mapping[str, Any]) -> None:
+        self._open_execution(
+            self._id(seq, record),
+            OpenExecution(record, seq, turn_number(record.get("turn_sequence"))))
+
+    def _open_execution(self, execution_id: str, execution: OpenExecution) -> None:
+        self.executions[execution_id] = execution
+        turn = self.turns.get(execution.turn)  # type: ignore[arg-type]
+        if turn is not None:
+            turn.started += 1
+            turn.unfinished += 1
+            execution.open_turn = turn
+
+    def _finished(self, seq: int, record: Mapping[str, Any]) -> None:
+        self._close_execution(self._id(seq, record))
+
+    def _close_execution(self, execution_id: str) -> None:
+        execution = self.executions.pop(execution_id, None)
+        if execution is None:
+            return  # never a second terminal record: a finish after a resolution changes nothing
+        if execution.open_turn is not None:
+            execution.open_turn.unfinished -= 1
+
+    def _ambiguous(self, seq: int, record: Mapping[str, Any]) -> None:
+        execution = self.executions.get(self._id(seq, record))
+        if execution is not None:
+            execution.state = r.STATE_AMBIGUOUS
+            execution.error_type = _opt_str(record, "error_type")
+
+    def _reconcile_failed(self, seq: int, record: Mapping[str, Any]) -> None:
+        execution = self.executions.get(self._id(seq, record))
+        if execution is not None:
+            execution.reconcile_error = _opt_str(record, "error")
+
+    def _resolved(self, seq: int, record: Mapping[str, Any]) -> None:
+        execution_id = self._id(seq, record)
+        execution = self.executions.get(execution_id)
+        if execution is None:
+            return
+        # Checked before the execution is closed: a malformed settlement settles nothing.
+        outcome, actor = self._text(seq, record, "outcome"), self._text(seq, record, "actor")
+        del self.executions[execution_id]
+        # The turn keeps counting this execution as unfinished: its resolution settles the turn.
+        self.resolutions.append(
+            Resolution("execution", execution_id, execution.turn,
+                       _opt_str(execution.record, "tool"), outcome, actor,
+                       _opt_str(record, "note"), _time(record), seq, record.get("output"))
+        )
+
+    def _llm_started(self, seq: int, record: Mapping[str, Any]) -> None:
+        blocks = record.get("blocks_dispatch")
+        if blocks is not None and not isinstance(blocks, bool):
+            # Fail closed: a blocking flag that cannot be read must not read as "does not block".
+            raise CorruptionError(f"journal record {seq} has blocks_dispatch {show(blocks)}, "
+                                  "not a boolean", seq=seq, kind="journal_record")
+        self.llm_calls[self._id(seq, record)] = (record, seq)
+        if blocks:
+            self.blocking_llm_calls.add(self._id(seq, record))
+
+    def _llm_finished(self, seq: int, record: Mapping[str, Any]) -> None:
+        call_id = self._id(seq, record)
+        self.llm_calls.pop(call_id, None)
+        self.blocking_llm_calls.discard(call_id)
+
+    def _llm_resolved(self, seq: int, record: Mapping[str, Any]) -> None:
+        call_id = self._id(seq, record)
+        entry = self.llm_calls.get(call_id)
+        if entry is None:
+            return
+        outcome, actor = self._text(seq, record, "outcome"), self._text(seq, record, "actor")
+        del self.llm_calls[call_id]
+        self.blocking_llm_calls.discard(call_id)
+        self.resolutions.append(
+            Resolution("llm_call", call_id, turn_number(entry[0].get("turn_sequence")), None,
+                       outcome,
+                       actor, _opt_str(record, "note"), _time(record), seq)
+        )
+
+    def _cut_resolved(self, seq: int, record: Mapping[str, Any]) -> None:
+        outcome, actor = self._text(seq, record, "outcome"), self._text(seq, record, "actor")
+        self.cuts.resolved(seq, record, outcome, actor, _opt_str(record, "note"), _time(record))
+
+    # --- reading --------------------------------------------------------------------------------
+
+    def is_blocked(self, *, live_executions: Collection[str] = (), live_turn: int | None = None,
+                   live_llm_calls: Collection[str] = (),
+                   block_on_pending_llm_calls: bool = False) -> bool:
+        """The cheap form of `snapshot(...).blocked`, for every dispatch."""
+        if self.cuts.damage or len(self.executions) > len(live_executions):
+            return True
+        if any(eid not in live_executions for eid in self.executions):
+            return True
+        blocking = self.llm_calls if block_on_pending_llm_calls else self.blocking_llm_calls
+        if any(c not in live_llm_calls for c in blocking):
+            return True
+        return any(s != live_turn and self.turns[s].interrupted for s in self.turn_stack)
+
+    def snapshot(self, *, live_executions: Collection[str] = (), live_turn: int | None = None,
+                 live_llm_calls: Collection[str] = (),
+                 block_on_pending_llm_calls: bool = False) -> Recovery:
+        """The recovery view. Work in flight in this process (`live_*`) is not a blocker."""
+        blockers = [self.blocker(eid) for eid in self.executions if eid not in live_executions]
+        incomplete: list[IncompleteTurn] = []
+        for sequence in self.turn_stack:
+            turn = self.turns[sequence]
+            if sequence == live_turn or turn.resolved:
+                continue
+            incomplete.append(IncompleteTurn(sequence, turn.started_at, turn.seq, turn.started > 0))
+            if turn.interrupted:
+                blockers.append(Blocker(None, None, None, r.STATE_INTERRUPTED_TURN, sequence,
+                                        None, None, started_at=turn.started_at, seq=turn.seq))
+        pending: list[PendingLLMCall] = []
+        for call_id, (record, seq) in self.llm_calls.items():
+            if call_id in live_llm_calls:
+                continue
+            call = PendingLLMCall(call_id, _opt_str(record, "model"),
+                                  turn_number(record.get("turn_sequence")), _time(record), seq,
+                                  _opt_str(record, "request_sha256"),
+                                  _opt_str(record, "request_preview"))
+            pending.append(call)
+            if block_on_pending_llm_calls or call_id in self.blocking_llm_calls:
+                blockers.append(Blocker(call_id, None, None, r.STATE_PENDING_LLM_CALL,
+                                        call.turn_sequence, call.request_sha256,
+                                        call.request_preview, started_at=call.started_at,
+                                        seq=seq))
+        blockers += self.cuts.blockers()
+        blockers.sort(key=lambda b: b.seq)
+        return Recovery(blocked=bool(blockers), blockers=tuple(blockers),
+                        incomplete_turns=tuple(incomplete), pending_llm_calls=tuple(pending),
+                        resolved=tuple(self.resolutions), records=self.records,
+                        last_seq=self.last_seq, cuts=tuple(self.cuts.cuts.values()))
+
+    def blocker(self, execution_id: str) -> Blocker:
+        """The blocker view of an open execution (KeyError if it is not open)."""
+        execution = self.executions[execution_id]
+        record = execution.record
+        return Blocker(
+            execution_id=execution_id, tool=_opt_str(record, "tool"),
+            call_id=_opt_str(record, "call_id"), state=execution.state,
+            turn_sequence=execution.turn, arguments_sha256=_opt_str(record, "arguments_sha256"),
+            arguments_preview=_opt_str(record, "arguments_preview"),
+            idempotency_key=_opt_str(record, "idempotency_key"), started_at=_time(record),
+            seq=execution.seq, error_type=execution.error_type,
+            reconcile_error=execution.reconcile_error, arguments=record.get("arguments"))
+
+
+def rebuild(records: Iterable[tuple[int, Any]]) -> RecoveryState:
+    """Rebuild the state from (seq, record) pairs in log order; a record may be a decoded dict
+    or its JSON bytes. This is the one implementation the journal and the forensic tool share."""
+    state = RecoveryState()
+    for seq, record in records:
+        if isinstance(record, (bytes, bytearray, memoryview)):
+            state.feed_json(seq, bytes(record))
+        else:
+            state.feed(seq, record)
+    return state

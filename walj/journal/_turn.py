@@ -1,0 +1,296 @@
+"""Turns and dispatch: the durable intent, the handler call, the terminal record, the blocked
+path and interrupts, sync and async."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any, NamedTuple
+
+from ..errors import TurnError, UnknownToolError
+from . import _writes
+from ._aio import consume, in_worker
+from ._core import Core, TurnSlot
+from ._fingerprint import (
+    FAST_CANONICAL,
+    Digest,
+    describe_arguments,
+    describe_output,
+    idempotency_key,
+)
+from ._llm import LLMCall
+from ._tools import Tool, ToolContext, ToolResult, as_tool, invoke, outcome_of
+
+BLOCKED_STATUS = "blocked_interrupted_execution"
+
+
+class _Prepared(NamedTuple):
+    name: str
+    call_id: str
+    arguments: dict[str, Any]
+    tool: Tool
+    digest: Digest
+    context: ToolContext
+    started: dict[str, Any]
+
+    @property
+    def execution_id(self) -> str:
+        return self.context.execution_id
+
+
+class Turn(TurnSlot):
+    """One agent turn: `with journal.turn() as turn:` or `async with`. Leaving the block
+    normally writes turn_completed; leaving it by an exception leaves the turn incomplete.
+
+    A turn is live exactly while the journal's core names it as its live turn (TurnSlot).
+    Each step that can be interrupted after it changed that is repeated, idempotently, in an
+    `except` clause.
+    """
+
+    def __init__(self, core: Core) -> None:
+        super().__init__()
+        self._core = core
+        self._entered = False
+        self._calls = 0
+
+    @property
+    def _live(self) -> bool:
+        return self._core.live_turn is self
+
+    @property
+    def turn_id(self) -> str:
+        """Globally unique: the log id and the turn sequence."""
+        return f"{self._core.log_id}:{self.sequence}"
+
+    def __repr__(self) -> str:
+        return f"<walj.Turn {self.sequence} {'live' if self._live else 'not live'}>"
+
+    # --- bracketing -----------------------------------------------------------------------------
+
+    def _enter_once(self) -> None:
+        if self._entered:
+            raise TurnError("a Turn object is entered once")
+        self._entered = True
+
+    def __enter__(self) -> Turn:
+        self._enter_once()
+        try:
+            self._core.start_turn(self)
+            return self
+        except BaseException:
+            self._core.release_turn(self)
+            raise
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        try:
+            self._core.end_turn(self, exc_type is None)
+        except BaseException:
+            self._core.release_turn(self)
+            raise
+
+    async def __aenter__(self) -> Turn:
+        self._enter_once()
+        try:
+            await in_worker(self._core.start_turn, self)
+            return self
+        except BaseException:
+            # Cancelled (or failed) while turn_started was written: the turn is over now, in
+            # this process; the writer thread sees _abandoned and leaves it so.
+            self._core.release_turn(self)
+            raise
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        try:
+            await in_worker(self._core.end_turn, self, exc_type is None)
+        except BaseException:
+            # The turn ends here and now; turn_completed is written only while it is live.
+            self._core.release_turn(self)
+            raise
+
+    def llm_call(self, *, model: str | None = None, request: Any = None) -> LLMCall:
+        self._check_live()
+        return LLMCall(self._core, self.sequence, model, request)
+
+    def _check_live(self) -> None:
+        self._core.check_open()
+        if self._core.live_turn is not self:
+            raise TurnError("dispatch needs a live turn: use `with journal.turn() as turn:`")
+
+    # --- preparing ------------------------------------------------------------------------------
+
+    def _prepare(self, name: Any, arguments: Any, call_id: Any, handler: Any,
+                 digest: Digest | None = None) -> _Prepared:
+        """Everything that can refuse a call, with nothing written yet."""
+        self._check_live()
+        core = self._core
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"tool name must be a non-empty string, not {name!r}")
+        if handler is None:
+            tool = core.tools.get(name)
+            if tool is None:
+                raise UnknownToolError(f"unknown tool {name!r}: register it in ToolJournal.open("
+                                       "tools=...) or pass handler=")
+        else:
+            tool = as_tool(handler, name)
+        if type(arguments) is not dict:  # the ABC check below is slow; dicts are the norm
+            if not isinstance(arguments, Mapping):
+                raise TypeError(f"arguments must be a dict of keyword arguments, not "
+                                f"{type(arguments).__name__}")
+        arguments = dict(arguments)
+        if tool.wants_context and "context" in arguments:
+            raise TypeError(f"tool {name!r} takes the walj context, so no argument may be "
+                            "named 'context'")
+        if call_id is not None and (not isinstance(call_id, str) or not call_id):
+            raise TypeError(f"call_id must be a non-empty string or None, not {call_id!r}")
+        if digest is None:
+            digest = describe_arguments(arguments, core.arguments_chars, core.redactor,
+                                        FAST_CANONICAL)
+        assert digest.sha256 is not None
+        self._calls += 1
+        if call_id is None:
+            # Deterministic, so the idempotency key is too; the turn keeps two turns' n-th
+            # calls apart, since the key itself does not depend on the turn.
+            call_id = f"turn-{self.sequence}-call-{self._calls}"
+        execution_id = os.urandom(16).hex()
+        key = idempotency_key(core.log_id, call_id, name, digest.sha256)
+        context = ToolContext(execution_id, key, name, call_id, self.sequence, digest.sha256,
+                              core.log_id)
+        started = _writes.intent(execution_id, self.sequence, name, call_id, digest, key,
+                                 arguments if core.store_arguments else None)
+        return _Prepared(name, call_id, arguments, tool, digest, context, started)
+
+    def _finish(self, prep: _Prepared, outcome: str, output: Any,
+                exc: BaseException | None) -> tuple[dict[str, Any], ToolResult]:
+        core = self._core
+        digest = None if exc is not None else describe_output(
+            output, core.output_chars, core.redactor, FAST_CANONICAL)
+        record = _writes.finished(prep.execution_id, outcome, digest, exc)
+        error = record["error"] if exc is not None else None
+        result = ToolResult(prep.name, prep.call_id, prep.arguments, output, error, outcome,
+                            prep.execution_id)
+        return record, result
+
+    def _blocked(self, prep: _Prepared, blockers: tuple[Any, ...]) -> ToolResult:
+        """No handler ran: tell the caller what blocks (the blocked record is written)."""
+        listed = [
+            {"execution_id": b.execution_id, "tool": b.tool, "call_id": b.call_id,
+             "state": b.state, "turn_sequence": b.turn_sequence}
+            for b in blockers
+        ]
+        message = (
+            f"walj blocked tool {prep.name!r}: {len(blockers)} earlier execution(s) or turn(s) "
+            "were interrupted and may or may not have taken effect. Nothing was run. Resolve "
+            "them (journal.resolve / journal.resolve_turn) or answer without tools."
+        )
+        output = {"status": BLOCKED_STATUS, "message": message, "ambiguous_executions": listed}
+        return ToolResult(prep.name, prep.call_id, prep.arguments, output, message, "blocked",
+                          prep.execution_id)
+
+    # --- sync dispatch --------------------------------------------------------------------------
+
+    def dispatch(self, name: str, arguments: Mapping[str, Any], *, call_id: str | None = None,
+                 handler: Any = None) -> ToolResult:
+        """Run one tool call durably: intent fsynced, handler, terminal record fsynced."""
+        return self._dispatch(name, arguments, call_id, handler, None)
+
+    def _dispatch(self, name: str, arguments: Mapping[str, Any], call_id: str | None,
+                  handler: Any, digest: Digest | None) -> ToolResult:
+        prep = self._prepare(name, arguments, call_id, handler, digest)
+        core = self._core
+        if inspect.iscoroutinefunction(prep.tool.handler):
+            raise TypeError(f"tool {name!r} is async: use `await turn.adispatch(...)`")
+        eid = prep.execution_id
+        try:
+            blockers = core.begin(prep.started, eid)
+            if blockers is not None:
+                return self._blocked(prep, blockers)
+            try:
+                if prep.tool.guard is not None:
+                    prep.tool.guard(prep.context)
+                output = invoke(prep.tool, prep.arguments, prep.context)
+                if inspect.isawaitable(output):
+                    if inspect.iscoroutine(output):
+                        output.close()  # never started, so nothing ran
+                    raise TypeError("the handler returned an awaitable: use turn.adispatch")
+            except Exception as exc:
+                record, result = self._finish(prep, outcome_of(exc), None, exc)
+            else:
+                record, result = self._finish(prep, "ok", output, None)
+            core.end(eid, record)
+            return result
+        except BaseException as exc:
+            # Anything between the intent and a durable terminal record (an interrupt, or an
+            # error recording the outcome) leaves the execution ambiguous: it blocks from now
+            # on, here exactly as after a restart.
+            core.interrupted(eid, exc)
+            raise
+
+    # --- async dispatch -------------------------------------------------------------------------
+
+    async def adispatch(self, name: str, arguments: Mapping[str, Any], *,
+                        call_id: str | None = None, handler: Any = None) -> ToolResult:
+        """As dispatch, awaiting async handlers; every fsync runs in a worker thread. A
+        cancellation while the handler runs makes the execution block at once and writes
+        tool_execution_ambiguous (in a worker), then re-raises the original CancelledError."""
+        prep = self._prepare(name, arguments, call_id, handler)
+        core = self._core
+        loop = asyncio.get_running_loop()
+        eid = prep.execution_id
+        # How far it got, for the one handler below: an interrupt may land on any line, and
+        # every line from the intent's submission on is covered by it (no gap between blocks).
+        stage, record = "intent", None
+        try:
+            blockers = await in_worker(core.begin, prep.started, eid)
+            if blockers is not None:
+                return self._blocked(prep, blockers)
+            stage = "handler"
+            try:
+                if prep.tool.guard is not None:
+                    checked = prep.tool.guard(prep.context)
+                    if inspect.isawaitable(checked):
+                        await checked
+                output = invoke(prep.tool, prep.arguments, prep.context)
+                if inspect.isawaitable(output):
+                    output = await output
+            except Exception as exc:
+                record, result = self._finish(prep, outcome_of(exc), None, exc)
+            else:
+                record, result = self._finish(prep, "ok", output, None)
+            stage = "terminal"
+            # The terminal record goes through the queue too when this task is cancelled
+            # while it is written: the execution blocks at once, and the record lands first.
+            await in_worker(core.end, eid, record)
+            return result
+        except BaseException as exc:
+            if stage == "intent":  # the handler was never called
+                never_called = asyncio.CancelledError("cancelled before the handler was called")
+                record = self._finish(prep, "cancelled", None, never_called)[0]
+            elif stage == "handler" or record is None:
+                record = _writes.ambiguous_record(eid, exc)
+            core.settle_later(eid, record)
+            if stage == "intent":  # no waiting for the fsync under way: the queue is enough
+                self._write_settlements_soon(loop)
+            else:
+                await self._write_settlements_shielded(loop)
+            raise
+
+    def _write_settlements_soon(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
+        try:
+            future = loop.run_in_executor(None, self._core.write_settlements)
+        except RuntimeError:  # the loop is closing: the queue is written by the next call
+            done: asyncio.Future[None] = loop.create_future()
+            done.set_result(None)
+            return done
+        future.add_done_callback(consume)
+        return future
+
+    async def _write_settlements_shielded(self, loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            await asyncio.shield(self._write_settlements_soon(loop))
+        except BaseException:  # noqa: B036 - cancelled again: the write goes on in its thread
+            pass

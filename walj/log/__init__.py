@@ -1,0 +1,28 @@
+"""walj.log: the storage layer. A segmented, checksummed, append-only JSONL log on plain files.
+
+It promises: a record `append` acknowledged as durable survives a crash; every line carries an
+XXH64 checksum of its own bytes, seqs are contiguous, and sealed segments chain by SHA-256; on
+open a torn tail is told from damage, its bytes kept in quarantine/, and damage refused with a
+typed error naming file, offset and seq; one writer per directory. Durability is a property of
+the order of system calls, all of which go through the FileSystem seam (`_fs.py`).
+
+It never interprets a record's contents (a record is a JSON object it stores and hands back),
+and never imports the journal, the CLI or an integration. Its public surface is below; the one
+internal hook above it is `Log.open(_replay=...)`, the callback that sees each verified
+record's data bytes during the open's own scan, so a layer above can rebuild its state in the
+same pass.
+
+Modules: _format (line framing and XXH64), _xxh64 (pure-Python XXH64), _fs (the I/O seam),
+_segment (one segment's scan), _scan (the directory: order, seal chain, torn tail or damage),
+_quarantine (cut bytes and their manifest), _lock (one writer), _durability (sync modes, group
+commit, poisoning), _rotation (creating and sealing segments), _opening (options and tail
+recovery), _log (the writer), _read (reader and verifier).
+"""
+
+from __future__ import annotations
+
+from ._log import Log
+from ._quarantine import CutLine, Quarantined
+from ._read import Record, VerifyReport, read, verify
+
+__all__ = ["CutLine", "Log", "Quarantined", "Record", "VerifyReport", "read", "verify"]

@@ -1,0 +1,194 @@
+"""The I/O seam: every file-system call the log makes, behind one class tests can replace."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import sys
+
+from ..errors import CorruptionError
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+# Opening a FIFO without it waits for the other end: a FIFO named like a segment would hang.
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+
+FILE_MODE = 0o600
+DIR_MODE = 0o700
+
+
+def not_regular(path: str, st: os.stat_result) -> CorruptionError:
+    """The typed refusal of a directory entry that is not a regular file."""
+    if stat.S_ISLNK(st.st_mode):
+        kind, what = "symlink", "a symbolic link"
+    elif stat.S_ISDIR(st.st_mode):
+        kind, what = "not_a_regular_file", "a directory"
+    elif stat.S_ISFIFO(st.st_mode):
+        kind, what = "not_a_regular_file", "a FIFO"
+    elif stat.S_ISSOCK(st.st_mode):
+        kind, what = "not_a_regular_file", "a socket"
+    else:
+        kind, what = "not_a_regular_file", "a device or other special file"
+    return CorruptionError(f"{path} is {what}, not a regular file: refused",
+                           file=os.path.basename(path), offset=0, kind=kind)
+
+
+def refuse_hard_link(path: str, st: os.stat_result) -> None:
+    """Refuse to write to a file that has other names: `cp -al` copies a log as hard links, and
+    truncating or appending to the copy would change the original too. Readers may read it."""
+    if st.st_nlink > 1:
+        raise CorruptionError(
+            f"{path} has {st.st_nlink} hard links: writing to it would change every other name "
+            "of the same file too (a `cp -al` copy?); refused. Copy the log with `cp -a`.",
+            file=os.path.basename(path), offset=0, kind="hard_link")
+
+
+def open_regular(path: str, flags: int) -> int:
+    """Open `path` only if it is a regular file (never through a symlink), without blocking.
+
+    Anything else raises CorruptionError (kind "symlink" or "not_a_regular_file"): a FIFO would
+    block the open or the first read, a socket or a directory fails with a raw OSError.
+    """
+    try:
+        fd = os.open(path, flags | _NOFOLLOW | _CLOEXEC | _NONBLOCK)
+    except OSError as exc:
+        # ELOOP (a symlink), ENXIO (a socket, or a FIFO opened to write with no reader), EISDIR:
+        # say what stands there rather than passing on the errno.
+        try:
+            st = os.lstat(path)
+        except OSError:
+            raise exc from None
+        if stat.S_ISREG(st.st_mode):
+            raise
+        raise not_regular(path, st) from exc
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise not_regular(path, st)
+        if _NONBLOCK:
+            # No effect on a regular file, cleared so the descriptor is an ordinary one.
+            os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_regular(path: str, limit: int) -> bytes:
+    """At most `limit` bytes from the start of a regular file (refused otherwise, as by
+    open_regular): for the small files a reader opens beside the segments."""
+    fd = open_regular(path, os.O_RDONLY)
+    try:
+        parts: list[bytes] = []
+        left = limit
+        while left > 0:
+            part = os.read(fd, left)
+            if not part:
+                break
+            parts.append(part)
+            left -= len(part)
+        return b"".join(parts)
+    finally:
+        os.close(fd)
+
+
+def _platform_sync(fd: int) -> None:
+    if sys.platform == "darwin":
+        import fcntl
+
+        # os.fsync on macOS leaves data in the drive's cache; F_FULLFSYNC is the real barrier.
+        fcntl.fcntl(fd, fcntl.F_FULLFSYNC)  # type: ignore[attr-defined,unused-ignore]
+    elif hasattr(os, "fdatasync"):
+        os.fdatasync(fd)
+    else:  # pragma: no cover - platforms without fdatasync
+        os.fsync(fd)
+
+
+class FileSystem:
+    """Real file-system calls. Fault-injecting test doubles subclass this and override methods.
+
+    Paths are plain strings. Every method raises OSError as the system call does; the log decides
+    what an error means (a failed write or sync poisons the handle).
+    """
+
+    def open_append(self, path: str) -> int:
+        """Open an existing regular file for appending; refuses anything else (see
+        open_regular)."""
+        return open_regular(path, os.O_WRONLY | os.O_APPEND)
+
+    def create(self, path: str) -> int:
+        """Create a new file (0600) for appending; fails if it exists or is a symlink."""
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
+        return os.open(path, flags, FILE_MODE)
+
+    def open_read(self, path: str) -> int:
+        """Open an existing regular file for reading; refuses anything else (see
+        open_regular)."""
+        return open_regular(path, os.O_RDONLY)
+
+    def read(self, fd: int, size: int) -> bytes:
+        return os.read(fd, size)
+
+    def pread(self, fd: int, size: int, offset: int) -> bytes:
+        return os.pread(fd, size, offset)
+
+    def write(self, fd: int, data: bytes) -> int:
+        return os.write(fd, data)
+
+    def sync(self, fd: int) -> None:
+        """Make a file's data durable: fdatasync, or F_FULLFSYNC on macOS."""
+        _platform_sync(fd)
+
+    def sync_dir(self, path: str) -> None:
+        """Make a directory's entries (creates, renames, deletes) durable."""
+        fd = os.open(path, os.O_RDONLY | _DIRECTORY | _CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def truncate(self, fd: int, length: int) -> None:
+        os.ftruncate(fd, length)
+
+    def close(self, fd: int) -> None:
+        os.close(fd)
+
+    def fstat_size(self, fd: int) -> int:
+        return os.fstat(fd).st_size
+
+    def fstat(self, fd: int) -> os.stat_result:
+        return os.fstat(fd)
+
+    def stat(self, path: str) -> os.stat_result:
+        """The status of `path` itself (a symlink is not followed)."""
+        return os.lstat(path)
+
+    def rename(self, src: str, dst: str) -> None:
+        os.rename(src, dst)
+
+    def unlink(self, path: str) -> None:
+        os.unlink(path)
+
+    def listdir(self, path: str) -> list[str]:
+        return os.listdir(path)
+
+    def mkdir(self, path: str) -> None:
+        os.mkdir(path, DIR_MODE)
+
+    def is_symlink(self, path: str) -> bool:
+        return stat.S_ISLNK(os.lstat(path).st_mode)
+
+
+def write_all(fs: FileSystem, fd: int, data: bytes) -> None:
+    """Write every byte; a short write goes on from where it stopped (one write when healthy)."""
+    written = fs.write(fd, data)
+    while written < len(data):
+        if written <= 0:
+            raise OSError(errno.EIO, "write made no progress")
+        data = data[written:]
+        written = fs.write(fd, data)
+
+
+DEFAULT_FS = FileSystem()

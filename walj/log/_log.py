@@ -1,0 +1,403 @@
+"""The writer: appends records to one log directory, rotating and sealing its segments."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import warnings
+import weakref
+from collections.abc import Iterable
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from ..errors import PoisonedError, RecordTooLargeError
+from ._durability import interval_loop, io_failure
+from ._format import encode_record, frame_record
+from ._fs import DEFAULT_FS, FileSystem, write_all
+from ._lock import WriterLock, forget_open_directories
+from ._opening import Replay, check_options, prepare_directory, recover
+from ._quarantine import CutLine, Quarantined, cut_lines, read_manifest
+from ._rotation import Rotation
+from ._segment import Problem, SegmentScan
+
+_open_logs: weakref.WeakSet[Log] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    # The child shares the parent's file descriptors and lock: two writers would both
+    # acknowledge the same seqs. Every log open in the parent refuses work in the child.
+    for log in list(_open_logs):
+        log._forked = True
+        log._unusable = True
+    forget_open_directories()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class Log(Rotation):
+    """An open write-ahead log. Use `Log.open`; a `Log` is a context manager.
+
+    Interrupt safety: an exception (KeyboardInterrupt, SystemExit) landing anywhere inside a
+    call leaves the handle either usable, with exactly the records the file holds counted, or
+    poisoned. A write it interrupted is settled from the file's size; a rotation it interrupted
+    after the seal reached the file is finished by the next call.
+    """
+
+    def __init__(self, directory: str, fs: FileSystem, sync: str, segment_bytes: int,
+                 max_record_bytes: int, read_only: bool) -> None:
+        self._dir = directory
+        self._fs = fs
+        self._os_write = fs.write
+        self._mode = sync
+        self._always = sync == "always"
+        self._batch = sync == "batch"
+        self._segment_bytes = segment_bytes
+        self._max_record = max_record_bytes
+        self._read_only = read_only
+        self._init_durability()
+        self._unusable = read_only
+        self._writer_lock: WriterLock | None = None
+        self._fd = -1
+        self._index = 0
+        self._offset = 0
+        self._hash = hashlib.sha256()
+        self._hash_update = self._hash.update
+        self._segment_records = 0
+        self._next_seq = 1
+        self._sealed: tuple[int, int, str] | None = None  # (index, last seq, sha256) mid-rotation
+        self._close_failure: PoisonedError | None = None  # for close() to raise, once
+        self._closed = False
+        self._log_id = ""
+        self._stop = threading.Event()
+        self._syncer: threading.Thread | None = None
+        self.problems: list[Problem] = []
+        self.torn_tail: Quarantined | None = None
+
+    # --- opening -------------------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        sync: str = "always",
+        segment_bytes: int = 64 * 2**20,
+        max_record_bytes: int = 2**20,
+        recovery: str = "tolerate_tail",
+        lock_timeout: float = 0.0,
+        sync_interval_ms: float = 100,
+        _fs: FileSystem | None = None,
+        _replay: Replay | None = None,
+    ) -> Log:
+        """Open (creating if needed) the log in directory `path`; see docs/FORMAT.md."""
+        check_options(sync, segment_bytes, max_record_bytes, recovery, lock_timeout,
+                      sync_interval_ms)
+        fs = _fs or DEFAULT_FS
+        directory = os.fspath(path)
+        read_only = recovery == "salvage"
+        log = cls(directory, fs, sync, segment_bytes, max_record_bytes, read_only)
+        try:
+            prepare_directory(fs, directory, create=not read_only)
+            if not read_only:
+                log._writer_lock = WriterLock(fs, directory, lock_timeout)
+            log._recover(recovery, _replay)
+            if sync == "interval" and not read_only:
+                log._syncer = threading.Thread(
+                    target=interval_loop, args=(weakref.ref(log), log._stop,
+                                                sync_interval_ms / 1000.0),
+                    name=f"walj-sync {directory}", daemon=True)
+                log._syncer.start()
+            _open_logs.add(log)
+            return log
+        except OSError as exc:
+            log._abandon()
+            raise io_failure(directory, exc, "opening") from exc
+        except BaseException:
+            log._abandon()
+            raise
+
+    def _abandon(self) -> None:
+        """A failed open: release what was taken; there is nothing to sync."""
+        self._closed = self._unusable = True
+        self._stop.set()
+        self._release()
+
+    def _recover(self, recovery: str, replay: Replay | None) -> None:
+        found = recover(self._fs, self._dir, recovery, replay, writable=not self._read_only)
+        self.problems = found.problems
+        self.torn_tail = found.torn_tail
+        self._log_id = found.log_id
+        if self._read_only:
+            self._next_seq = found.last_seq + 1
+            self._closed = self._unusable = True  # nothing to write; reads go through walj.read
+            return
+        self._resume(found.last)
+
+    def _resume(self, last: SegmentScan | None) -> None:
+        if last is None or last.header is None:
+            self._create_segment(1, 1, "")
+        elif last.seal is not None:
+            self._next_seq = last.seal.last_seq + 1
+            self._create_segment(last.header.index + 1, self._next_seq, last.seal.sha256)
+        else:
+            self._index = last.header.index
+            self._next_seq = (last.last_seq or last.header.first_seq - 1) + 1
+            self._segment_records = last.records
+            self._hash = last.digest
+            self._hash_update = self._hash.update
+            self._offset = last.valid_end
+            self._fd = self._fs.open_append(last.path)
+            if last.header.max_record_bytes < self._max_record:
+                # Readers bound each line by its segment header's limit: a record the new,
+                # larger limit admits must go into a segment whose header says so.
+                with self._lock:
+                    self._rotate(force=True)
+        self._durable_seq = self._next_seq - 1
+
+    # --- writing -------------------------------------------------------------------------------
+
+    def append(self, record: dict[str, Any], *, durable: bool = False) -> int:
+        """Append one record and return its seq. Durable on return when sync is "always" or
+        "batch", or when `durable=True` whatever the sync mode."""
+        if not self._batch:
+            return self._append_one(record, durable)
+        counted = False
+        try:
+            # Counted in, so that a group sync can wait for the appenders still writing.
+            with self._lock:
+                self._active += 1; counted = True  # noqa: E702 - one line: no interrupt between
+            return self._append_one(record, True)
+        finally:
+            if counted:
+                with self._lock:
+                    self._active -= 1
+                    self._wake_gatherer()
+
+    def _append_one(self, record: dict[str, Any], durable: bool) -> int:
+        data = encode_record(record)
+        if len(data) > self._max_record:
+            raise self._too_large(data)
+        with self._lock:
+            if self._unusable:
+                self._check_usable()
+            seq = self._next_seq
+            self._write(frame_record(seq, data), seq, 1)
+        if durable and seq > self._durable_seq:
+            self._wait_durable(seq)
+        return seq
+
+    def append_many(self, records: Iterable[dict[str, Any]], *,
+                    durable: bool = False) -> list[int]:
+        """Append records with one write and at most one fsync (plus a rotation's own)."""
+        datas = [self._encode(record) for record in records]
+        if not datas:
+            return []
+        with self._lock:
+            self._ready()
+            first = self._next_seq
+            self._write(b"".join(frame_record(first + i, d) for i, d in enumerate(datas)),
+                        first, len(datas))
+        last = first + len(datas) - 1
+        if last > self._durable_seq and (durable or self._batch):
+            self._wait_durable(last)
+        return list(range(first, last + 1))
+
+    def _encode(self, record: dict[str, Any]) -> bytes:
+        data = encode_record(record)
+        if len(data) > self._max_record:
+            raise self._too_large(data)
+        return data
+
+    def _too_large(self, data: bytes) -> RecordTooLargeError:
+        return RecordTooLargeError(
+            f"record is {len(data)} bytes; max_record_bytes is {self._max_record}")
+
+    def _write(self, data: bytes, first_seq: int, count: int) -> None:
+        """With the lock held: one write of `count` framed records from `first_seq`, then
+        rotate or sync. The counters are set from values taken before the write, so setting
+        them twice is harmless, and an interrupt is settled from the file's size."""
+        offset, records = self._offset, self._segment_records
+        try:
+            written = self._os_write(self._fd, data)
+            if written != len(data):
+                write_all(self._fs, self._fd, data[written:])
+            self._hash_update(data)
+            self._offset = offset + len(data)
+            self._segment_records = records + count
+            self._next_seq = first_seq + count
+        except OSError as exc:
+            raise self._poison(exc) from exc
+        except BaseException:
+            self._settle_interrupted_write(offset, records, first_seq, data, count)
+            raise
+        if self._offset >= self._segment_bytes:
+            self._rotate()
+        elif self._always:
+            self._sync_locked()
+
+    def _file_size(self) -> int | None:
+        try:
+            return self._fs.fstat_size(self._fd)
+        except OSError as exc:
+            self._poison(exc)
+            return None
+
+    def _settle_interrupted_write(self, offset: int, records: int, first_seq: int,
+                                  data: bytes, count: int) -> None:
+        """An interrupt inside `_write`: the file says whether the bytes landed. All of them:
+        count them (unacknowledged, like a crash's), rehashing the segment from the file, since
+        the interrupt may have come before or after the running hash took them. None: nothing
+        changed. Part of them: poison, for a reopen to cut the torn line."""
+        size = self._file_size()
+        if size is None or size == offset:
+            return
+        if size != offset + len(data):
+            self._poison_interrupted(f"a write was interrupted after {size - offset} of "
+                                     f"{len(data)} bytes")
+            return
+        try:
+            digest = self._rehash(size)
+        except OSError as exc:
+            self._poison(exc)
+            return
+        self._hash, self._hash_update = digest, digest.update
+        self._offset = size
+        self._segment_records = records + count
+        self._next_seq = first_seq + count
+
+    def _gone(self) -> str | None:
+        try:
+            if self._fs.fstat(self._fd).st_nlink == 0:
+                return "the active segment was deleted under this writer"
+        except OSError as exc:
+            return f"the active segment cannot be checked: {exc}"
+        lock = self._writer_lock
+        return lock.still_held() if lock is not None else None
+
+    # --- failure and closing -------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Sync what was appended (in every sync mode), then release the directory. Raises
+        PoisonedError (once) if an earlier failure or interrupt poisoned the handle, since
+        records it acknowledged as written may not be durable. If an interrupt stops it, the
+        handle is still open (usable) or closed but not yet released: call close() again."""
+        self._stop.set()
+        syncer = self._syncer
+        if syncer is not None and syncer is not threading.current_thread():
+            syncer.join()
+        if not self._forked:  # a forked child only lets go of the parent's descriptors
+            self._close_locked()
+        self._release()
+        failure, self._close_failure = self._close_failure, None
+        if failure is not None:
+            raise failure
+
+    def _close_locked(self) -> None:
+        with self._lock:
+            while self._syncing:
+                self._cond.wait()
+            if self._closed:
+                return
+            if self._poisoned is not None:
+                self._close_failure = PoisonedError(
+                    f"{self._dir} was poisoned ({self._poisoned}); records after seq "
+                    f"{self._durable_seq} may not be durable")
+            elif self._fd >= 0 and self._durable_seq < self._next_seq - 1:
+                try:
+                    self._fs.sync(self._fd)
+                    self._durable_seq = self._next_seq - 1
+                except OSError as exc:
+                    self._close_failure = self._poison(exc)
+                    self._close_failure.__cause__ = exc
+            self._closed = self._unusable = True
+            self._cond.notify_all()
+
+    def _release(self) -> None:
+        try:
+            self._release_steps()
+        except BaseException:
+            self._release_steps()  # an interrupt stopped it: finish, then let it go on
+            raise
+
+    def _release_steps(self) -> None:
+        """Idempotent. The descriptor is detached before it is closed: an interrupt between
+        the two leaks it, and never makes a later step close another file's."""
+        fd = self._fd
+        if fd >= 0:
+            self._fd = -1
+            try:
+                self._fs.close(fd)
+            except OSError:
+                pass  # the data question was settled by the sync in close()
+        lock = self._writer_lock
+        if lock is not None:
+            lock.release(unlock=not self._forked)
+            self._writer_lock = None
+
+    def __del__(self) -> None:
+        # A log dropped without close() must not hold its directory's lock and a file
+        # descriptor for the life of the process. close() also syncs, as it would have.
+        if getattr(self, "_writer_lock", None) is None and getattr(self, "_fd", -1) < 0:
+            return
+        try:
+            warnings.warn(f"unclosed {self!r}", ResourceWarning, source=self, stacklevel=1)
+            self.close()
+        except Exception:  # noqa: S110 - a finalizer has nobody to report to
+            pass
+
+    def __enter__(self) -> Log:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        try:
+            self.close()
+        except PoisonedError:
+            if exc is None:
+                raise  # else the exception in flight (often the cause) goes on unmasked
+
+    # --- what it is ----------------------------------------------------------------------------
+
+    @property
+    def path(self) -> Path:
+        return Path(self._dir)
+
+    @property
+    def log_id(self) -> str:
+        return self._log_id
+
+    def quarantined(self) -> list[Quarantined]:
+        """Every cut into quarantine/ its manifest records, oldest first (recovery's and
+        `walj repair`'s alike)."""
+        return read_manifest(self._dir)
+
+    def cut_lines(self, entry: Quarantined) -> tuple[list[CutLine], bool]:
+        """The records among a cut's bytes whose checksums still verify, and whether the
+        quarantine file holds exactly the bytes its manifest line describes."""
+        return cut_lines(self._dir, entry)
+
+    @property
+    def last_seq(self) -> int:
+        """The seq of the last record appended (0 for an empty log)."""
+        return self._next_seq - 1
+
+    @property
+    def durable_seq(self) -> int:
+        return self._durable_seq
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def poisoned(self) -> bool:
+        """True once a failure or interrupt made the handle refuse work; reopen to recover."""
+        return self._poisoned is not None or self._forked
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else ("poisoned" if self.poisoned else "open")
+        return f"<walj.Log {self._dir!r} {state} last_seq={self.last_seq} sync={self._mode!r}>"

@@ -1,0 +1,245 @@
+"""Cutting bytes off a segment without losing them: copy aside with a manifest, then truncate."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .. import _codec
+from ..errors import CorruptionError
+from . import _format as fmt
+from ._fs import FileSystem, open_regular, read_regular, refuse_hard_link, write_all
+from ._segment import TAIL_KINDS
+
+QUARANTINE_DIR = "quarantine"
+MANIFEST = "MANIFEST.jsonl"
+_COPY_BYTES = 1 << 20
+# A manifest holds one short line per cut; more than this is not a manifest walj wrote.
+_MANIFEST_LIMIT = 64 << 20
+
+
+@dataclass(frozen=True)
+class Quarantined:
+    """Where cut bytes went: the quarantine file, and what, where and when they were cut from."""
+
+    file: str
+    segment: str
+    offset: int
+    length: int
+    kind: str
+    sha256: str
+    time: float
+
+    @property
+    def torn_kind(self) -> bool:
+        """Cut at what a crash mid-append leaves (recovery's cuts; a repair of a torn tail),
+        not at damage further back (the rest of `walj repair`'s cuts)."""
+        return self.kind in TAIL_KINDS
+
+
+def cut_segment(
+    fs: FileSystem, directory: str, segment: str, offset: int, kind: str
+) -> Quarantined:
+    """Move the bytes of `segment` from `offset` to its end into the quarantine folder.
+
+    Order matters for a crash in the middle: the copy and its manifest line are durable (file,
+    then folder) before the segment is truncated, so the bytes exist in one place or both.
+    A cut at offset 0 removes the segment file itself, then syncs the log folder.
+
+    Refused, with CorruptionError and before anything changes: a segment or manifest that is
+    not a regular file or has other hard links (the cut would reach them too), and a
+    `quarantine` that is not a real directory (a symlink would put the bytes elsewhere).
+    """
+    seg_path = os.path.join(directory, segment)
+    qdir = os.path.join(directory, QUARANTINE_DIR)
+    src = _open_own(fs, fs.open_read, seg_path)
+    dst = cut = mfd = -1
+    try:
+        if offset:
+            cut = _open_own(fs, fs.open_append, seg_path)
+        if QUARANTINE_DIR in fs.listdir(directory):
+            _check_quarantine_dir(fs, qdir)
+        else:
+            fs.mkdir(qdir)
+        # Also when it was there: its maker may have died before this sync, and the cut below
+        # must not outlive the folder that holds the cut bytes.
+        fs.sync_dir(directory)
+        existing = set(fs.listdir(qdir))
+        manifest = os.path.join(qdir, MANIFEST)
+        if MANIFEST in existing:
+            mfd = _open_own(fs, fs.open_append, manifest)
+            if not _ends_line(fs, manifest):
+                write_all(fs, mfd, b"\n")  # end the line a crash tore, so ours stands alone
+        now = time.time()
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
+        name = f"{segment}.{offset}.{stamp}.bin"
+        suffix = 0
+        while name in existing:
+            suffix += 1
+            name = f"{segment}.{offset}.{stamp}.{suffix}.bin"
+        digest = hashlib.sha256()
+        end = fs.fstat_size(src)
+        dst = fs.create(os.path.join(qdir, name))
+        pos = offset
+        while pos < end:
+            chunk = fs.pread(src, min(_COPY_BYTES, end - pos), pos)
+            if not chunk:
+                break
+            digest.update(chunk)
+            write_all(fs, dst, chunk)
+            pos += len(chunk)
+        fs.sync(dst)
+        entry = Quarantined(name, segment, offset, end - offset, kind, digest.hexdigest(), now)
+        line = _codec.encode({
+            "file": entry.file, "segment": segment, "offset": offset, "length": entry.length,
+            "kind": kind, "sha256": entry.sha256, "time": stamp, "unix": now,
+        }) + b"\n"
+        if mfd < 0:
+            mfd = fs.create(manifest)
+        write_all(fs, mfd, line)
+        fs.sync(mfd)
+        fs.sync_dir(qdir)
+        if offset == 0:
+            fs.unlink(seg_path)
+            fs.sync_dir(directory)
+        else:
+            fs.truncate(cut, offset)
+            fs.sync(cut)
+    finally:
+        for fd in (mfd, dst, cut, src):
+            if fd >= 0:
+                fs.close(fd)
+    return entry
+
+
+def _ends_line(fs: FileSystem, path: str) -> bool:
+    """True when the file is empty or its last byte ends a line."""
+    fd = fs.open_read(path)
+    try:
+        size = fs.fstat_size(fd)
+        return size == 0 or fs.pread(fd, 1, size - 1) == b"\n"
+    finally:
+        fs.close(fd)
+
+
+def _open_own(fs: FileSystem, opener: Callable[[str], int], path: str) -> int:
+    """Open a regular file (the opener refuses anything else) that has no other hard link."""
+    fd = opener(path)
+    try:
+        refuse_hard_link(path, fs.fstat(fd))
+    except BaseException:
+        fs.close(fd)
+        raise
+    return fd
+
+
+def _check_quarantine_dir(fs: FileSystem, qdir: str) -> None:
+    st = fs.stat(qdir)
+    if not stat.S_ISDIR(st.st_mode):
+        link = stat.S_ISLNK(st.st_mode)
+        what = "a symbolic link" if link else "not a directory"
+        raise CorruptionError(f"{qdir} is {what}: cut bytes would not stay in the log; refused",
+                              file=QUARANTINE_DIR, offset=0,
+                              kind="symlink" if link else "not_a_directory")
+
+
+@dataclass(frozen=True)
+class CutLine:
+    """A line of cut bytes whose checksum still verifies: a record that was in the log. `end`
+    is where the line ends, counted from the start of the cut."""
+
+    seq: int
+    data: bytes
+    end: int
+
+
+def read_manifest(directory: str) -> list[Quarantined]:
+    """Every cut the manifest records, oldest first. A line that does not parse is skipped: the
+    manifest line is durable before the segment is cut, so a torn one names a cut that was never
+    made (the next open makes it again, with a line of its own)."""
+    qdir = os.path.join(directory, QUARANTINE_DIR)
+    try:
+        st = os.lstat(qdir)
+    except FileNotFoundError:
+        return []
+    if not stat.S_ISDIR(st.st_mode):
+        return []  # a writer refuses it when it has to cut (_check_quarantine_dir)
+    try:
+        raw = read_regular(os.path.join(qdir, MANIFEST), _MANIFEST_LIMIT)
+    except FileNotFoundError:
+        return []
+    entries: list[Quarantined] = []
+    for line in raw.split(b"\n"):
+        entry = _manifest_entry(line)
+        if entry is not None:
+            entries.append(entry)
+    return entries
+
+
+def _manifest_entry(line: bytes) -> Quarantined | None:
+    try:
+        value = _codec.decode(line)
+    except ValueError:
+        return None
+    if not isinstance(value, dict):
+        return None
+    name, segment, kind, digest = (value.get(k) for k in ("file", "segment", "kind", "sha256"))
+    offset, length, unix = value.get("offset"), value.get("length"), value.get("unix")
+    if not (isinstance(name, str) and _plain_name(name) and isinstance(segment, str)
+            and isinstance(kind, str) and isinstance(digest, str)
+            and type(offset) is int and offset >= 0 and type(length) is int and length >= 0):
+        return None
+    when = float(unix) if isinstance(unix, (int, float)) and not isinstance(unix, bool) else 0.0
+    return Quarantined(name, segment, offset, length, kind, digest, when)
+
+
+def _plain_name(name: str) -> bool:
+    """A file name in the quarantine folder itself: no separator, no `..`, nothing hidden."""
+    return bool(name) and "/" not in name and "\0" not in name and not name.startswith(".")
+
+
+def cut_lines(directory: str, entry: Quarantined) -> tuple[list[CutLine], bool]:
+    """The lines of a cut whose checksums verify, and whether the quarantine file still holds
+    exactly the bytes the manifest says were cut (length and SHA-256). Records only: a header
+    or seal line among the cut bytes is framed but holds no record."""
+    path = os.path.join(directory, QUARANTINE_DIR, entry.file)
+    try:
+        fd = open_regular(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return [], False
+    digest = hashlib.sha256()
+    found: list[CutLine] = []
+    pos = 0
+    carry = b""
+    try:
+        while True:
+            chunk = os.read(fd, _COPY_BYTES)
+            if not chunk:
+                break
+            digest.update(chunk)
+            data = carry + chunk
+            start = 0
+            while (newline := data.find(b"\n", start)) >= 0:
+                _add_line(found, data[start:newline], pos + newline + 1)
+                start = newline + 1
+            pos += start
+            carry = data[start:]
+            if len(carry) > fmt.MAX_RECORD_BYTES_LIMIT + fmt.LINE_OVERHEAD:
+                pos += len(carry)  # longer than any line walj writes: not a record
+                carry = b""
+        total = pos + len(carry)
+    finally:
+        os.close(fd)
+    intact = total == entry.length and digest.hexdigest() == entry.sha256
+    return found, intact
+
+
+def _add_line(found: list[CutLine], line: bytes, end: int) -> None:
+    if fmt.checksum_ok(line):
+        record = fmt.parse_data(line)
+        if record is not None:
+            found.append(CutLine(record[0], record[1], end))

@@ -1,0 +1,408 @@
+"""Reading one segment file: every line checked, records yielded as they verify, problems kept."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from ..errors import CorruptionError, UnsupportedVersionError
+from . import _format as fmt
+from ._fs import FileSystem
+
+CHUNK_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong in a log: which file, where, which seq (if known), what kind."""
+
+    file: str
+    offset: int
+    seq: int | None
+    kind: str
+    detail: str
+
+    def describe(self) -> str:
+        seq = "" if self.seq is None else f" seq {self.seq}"
+        return f"{self.file} at byte {self.offset}{seq}: {self.kind}: {self.detail}"
+
+
+# Problems that a crash mid-append leaves at the end of the last segment. Anything else, or any
+# of these with a verified line after it, is damage.
+TAIL_KINDS = frozenset(
+    {"incomplete_line", "bad_checksum", "bad_line", "zero_fill", "oversize_line", "bad_header"}
+)
+
+SECTOR = 512
+_ZERO_SECTOR = bytes(SECTOR)
+
+
+def _has_zero_sector(line: bytes, offset: int) -> bool:
+    """True when the line covers a whole, aligned, all-zero disk sector: how a crash leaves an
+    unsynced write that never reached the disk (the file grew, its data did not)."""
+    start = -offset % SECTOR
+    return any(line[i : i + SECTOR] == _ZERO_SECTOR
+               for i in range(start, len(line) - SECTOR + 1, SECTOR))
+
+
+def _zero_fill(pieces: list[bytes], offset: int) -> bool:
+    """bad_line_kind's zero test over a line held in pieces (file offset `offset` on), without
+    joining them: a sector may straddle two pieces, so up to a sector is carried across."""
+    if pieces[0][:1] == b"\0":
+        return True
+    carry, at = b"", offset
+    for piece in pieces:
+        data = carry + piece
+        if _has_zero_sector(data, at):
+            return True
+        boundary = (at + len(data)) // SECTOR * SECTOR  # the last sector start in the data
+        keep = max(0, boundary - at)
+        carry, at = data[keep:], at + keep
+    return False
+
+
+def bad_line_kind(line: bytes, offset: int) -> str:
+    # A line never starts with a zero byte: one that does begins where a lost write was.
+    if line and (line[0] == 0 or _has_zero_sector(line, offset)):
+        return "zero_fill"
+    if not line.startswith(fmt.PREFIX) or len(line) <= fmt.BODY_START:
+        return "bad_line"
+    return "bad_checksum"
+
+
+class SegmentScan:
+    """Iterate to read the segment; afterwards the attributes describe what was found.
+
+    Iteration yields (seq, data JSON bytes) for every line whose checksum verifies, in file order,
+    from `start_seq` on. Before it yields a record that follows a problem it calls
+    `before_late_record`, which raises if such records must not be used, and returns False to
+    drop the record (it lies in a crash hole's tail, which recovery cuts).
+    """
+
+    def __init__(
+        self,
+        fs: FileSystem,
+        directory: str,
+        name: str,
+        *,
+        expected_first_seq: int | None = None,
+        expected_log_id: str | None = None,
+        start_seq: int = 0,
+        before_late_record: Callable[[SegmentScan], bool] | None = None,
+    ) -> None:
+        self.fs = fs
+        self.start_seq = start_seq
+        self.before_late_record = before_late_record
+        self.reported = 0  # how many of `problems` the caller has dealt with
+        self.name = name
+        self.path = os.path.join(directory, name)
+        self.header: fmt.Header | None = None
+        self.seal: fmt.Seal | None = None
+        self.seal_offset: int | None = None
+        self.problems: list[Problem] = []
+        self.records = 0
+        self.last_seq: int | None = None
+        self.expected_seq = expected_first_seq
+        self.expected_log_id = expected_log_id
+        self.valid_end = 0  # just past the last verified line before the first problem
+        self.size = 0
+        self.digest = hashlib.sha256()  # bytes [0, seal or first problem)
+        self.valid_after_problem = False
+        self._hashing = True
+        self._buf = b""  # the buffer being split, and the file offset of its first byte
+        self._pos = 0
+
+    def _problem(self, offset: int, kind: str, detail: str, seq: int | None = None) -> None:
+        self.problems.append(Problem(self.name, offset, seq, kind, detail))
+
+    def _line_limit(self) -> int:
+        if self.header is None:
+            return fmt.HEADER_LINE_LIMIT
+        return self.header.max_record_bytes + fmt.LINE_OVERHEAD
+
+    def __iter__(self) -> Iterator[tuple[int, bytes]]:
+        fd = self.fs.open_read(self.path)
+        try:
+            yield from self._scan(fd)
+        finally:
+            self.fs.close(fd)
+        self._check_seal_digest()
+
+    def _scan(self, fd: int) -> Iterator[tuple[int, bytes]]:
+        fs = self.fs
+        xxh = fmt.xxh64_intdigest
+        frame_head = fmt.PREFIX + b'%016x",'
+        body_start = fmt.BODY_START
+        start_seq = self.start_seq
+        pos = 0  # file offset of buf[0], and of held[0]
+        # The start of a line whose newline has not been read yet, one piece per read: joined
+        # once when the newline comes, so a long line costs linear time, not a copy per chunk.
+        held: list[bytes] = []
+        held_bytes = 0
+        carry = b""  # what follows a long line in the chunk that ended it
+        skipping = False  # inside an oversize line, discarding up to its newline
+        while True:
+            if carry:
+                chunk, carry = carry, b""
+            else:
+                chunk = fs.read(fd, CHUNK_BYTES)
+                if not chunk:
+                    break
+            if skipping:
+                nl = chunk.find(b"\n")
+                if nl < 0:
+                    pos += len(chunk)
+                    continue
+                pos += nl + 1
+                chunk = chunk[nl + 1 :]
+                skipping = False
+            long_line = False
+            if held:
+                nl = chunk.find(b"\n")
+                if nl < 0:
+                    held.append(chunk)
+                    held_bytes += len(chunk)
+                    if held_bytes > self._line_limit():
+                        self._oversize(pos)
+                        pos += held_bytes
+                        held, held_bytes, skipping = [], 0, True
+                    continue
+                if len(held) == 1:  # the usual case: a line cut by the chunk boundary
+                    buf = held[0] + chunk
+                else:
+                    # A line longer than a chunk, joined alone and without its newline
+                    # (_hash_to adds it); the rest of the chunk is split on the next turn.
+                    held.append(chunk[:nl])
+                    buf = b"".join(held)
+                    carry = chunk[nl + 1 :]
+                    long_line = True
+                held, held_bytes = [], 0
+            else:
+                buf = chunk
+            if long_line:
+                lines, rest = [buf], b""
+            else:
+                lines = buf.split(b"\n")
+                rest = lines.pop()
+            off = pos
+            self._buf, self._pos = buf, pos
+            fast = self.header is not None and self.seal is None and not self.problems
+            expected = self.expected_seq or 0
+            tag = b'"seq":%d,"data":' % expected
+            data_at = body_start + len(tag)
+            count = 0
+            for line in lines:
+                verified = line[:body_start] == frame_head % xxh(line[body_start:])
+                # The common case, kept lean: a verified record with the next seq, nothing amiss.
+                if (fast and verified and line.startswith(tag, body_start) and line[-1] == 125
+                        and line[data_at] == 123):  # a JSON object: "{" ... "}"
+                    off += len(line) + 1
+                    count += 1
+                    if expected >= start_seq:
+                        yield expected, line[data_at:-1]
+                    expected += 1
+                    tag = b'"seq":%d,"data":' % expected
+                    data_at = body_start + len(tag)
+                    continue
+                end = off + len(line) + 1
+                self._settle(count, expected, off)
+                count = 0
+                record = self._line(line, off, end, verified)
+                expected = self.expected_seq or 0
+                tag = b'"seq":%d,"data":' % expected
+                data_at = body_start + len(tag)
+                fast = self.header is not None and self.seal is None and not self.problems
+                off = end
+                if record is not None and record[0] >= start_seq:
+                    yield record
+            self._settle(count, expected, off)
+            if self._hashing:
+                self._hash_to(off)
+            # Let go of this turn's buffer before the next read, so a long line is held once.
+            self._buf = line = b""
+            del buf, lines
+            pos = off
+            if rest:
+                if len(rest) > self._line_limit():
+                    self._oversize(pos)
+                    pos += len(rest)
+                    skipping = True
+                else:
+                    held, held_bytes = [rest], len(rest)
+        self._buf = b""
+        if held:
+            kind = "zero_fill" if _zero_fill(held, pos) else "incomplete_line"
+            self._problem(pos, kind, "last line has no newline (torn or still being written)")
+        self.size = pos + held_bytes
+        header_kinds = ("bad_header", "unsupported_version")
+        if self.header is None and not any(p.kind in header_kinds for p in self.problems):
+            self._problem(0, "bad_header", "segment has no header")
+
+    def _oversize(self, offset: int) -> None:
+        self._problem(offset, "oversize_line", f"no newline within {self._line_limit()} bytes")
+        self._hashing = False
+
+    def _hash_to(self, upto: int) -> None:
+        """Add the bytes of the current buffer up to file offset `upto` to the seal digest."""
+        length = upto - self._pos
+        self.digest.update(memoryview(self._buf)[:length])
+        if length > len(self._buf):  # a long line is held without its newline
+            self.digest.update(b"\n")
+
+    def _settle(self, count: int, expected: int | None, off: int) -> None:
+        """Carry the fast path's running figures into the attributes."""
+        if count:
+            self.records += count
+            self.expected_seq = expected
+            self.last_seq = expected - 1  # type: ignore[operator]
+            if not self.problems:
+                self.valid_end = off
+
+    def _stop_hashing(self, upto: int) -> None:
+        if self._hashing:
+            self._hash_to(upto)
+            self._hashing = False
+
+    def _line(self, line: bytes, off: int, end: int, verified: bool) -> tuple[int, bytes] | None:
+        """Everything but the common case: headers, seals, seq anomalies and bad lines."""
+        if not verified:
+            if off == 0:
+                self._problem(0, "bad_header", "first line is not a valid header")
+            else:
+                self._problem(off, bad_line_kind(line, off), "checksum does not verify")
+            self._stop_hashing(self.valid_end)
+            return None
+        if self.problems:
+            self.valid_after_problem = True
+        record = fmt.parse_data(line)
+        if record is not None and self.seal is None and (self.header or off):
+            seq = record[0]
+            if seq != self.expected_seq and self.expected_seq is not None:
+                kind = "seq_gap" if seq > self.expected_seq else "seq_repeat"
+                self._problem(off, kind, f"expected seq {self.expected_seq}", seq)
+            self.expected_seq = seq + 1
+            # A record out of order or after damage: the caller may raise, or drop it.
+            if (self.problems and self.before_late_record is not None
+                    and not self.before_late_record(self)):
+                return None
+            self.last_seq = seq
+            self.records += 1
+            if not self.problems:
+                self.valid_end = end
+            else:
+                self._stop_hashing(self.valid_end)
+            return record
+        if off == 0 and self.header is None:
+            self._read_header(line)
+            if self.header is not None:
+                self.valid_end = end
+            else:
+                self._stop_hashing(0)
+        elif self.seal is None and self.header is not None:
+            if not self._read_seal(off, line):
+                self._problem(off, "bad_line", "unexpected line kind", None)
+                self._stop_hashing(self.valid_end)
+            else:
+                self._stop_hashing(off)
+                if not self.problems:
+                    self.valid_end = end
+        else:
+            kind = "data_after_seal" if self.seal is not None else "bad_line"
+            self._problem(off, kind, "line where none may stand", None)
+            self._stop_hashing(self.valid_end)
+        return None
+
+    def _read_header(self, line: bytes) -> None:
+        try:
+            header = fmt.parse_header(line)
+        except UnsupportedVersionError as exc:
+            self._problem(0, "unsupported_version", str(exc))
+            return
+        if header is None:
+            self._problem(0, "bad_header", "header line is malformed")
+            return
+        self.header = header
+        if self.expected_log_id is not None and header.log_id != self.expected_log_id:
+            # Checked before continuity: a foreign segment's seqs say nothing about this log.
+            self._problem(0, "foreign_segment", f"segment belongs to log {header.log_id}, "
+                          f"not {self.expected_log_id}", header.first_seq)
+            self.expected_seq = header.first_seq
+        elif self.expected_seq is None:
+            self.expected_seq = header.first_seq
+        elif header.first_seq != self.expected_seq:
+            kind = "seq_gap" if header.first_seq > self.expected_seq else "seq_repeat"
+            self._problem(0, kind, f"segment starts at seq {header.first_seq}, expected "
+                          f"{self.expected_seq}", header.first_seq)
+            self.expected_seq = header.first_seq
+
+    def _read_seal(self, offset: int, line: bytes) -> bool:
+        seal = fmt.parse_seal(line)
+        if seal is None:
+            return False
+        self.seal = seal
+        self.seal_offset = offset
+        if seal.records != self.records or (self.records and seal.last_seq != self.last_seq):
+            self._problem(offset, "seal_mismatch", f"seal counts {seal.records} records to seq "
+                          f"{seal.last_seq}; segment has {self.records} to {self.last_seq}")
+        return True
+
+    def _check_seal_digest(self) -> None:
+        if self.seal is None or self.seal_offset is None:
+            return
+        if self.digest.hexdigest() != self.seal.sha256:
+            self._problem(self.seal_offset, "seal_mismatch",
+                          "segment bytes do not match the SHA-256 in its seal", self.seal.last_seq)
+
+
+def _header_of(head: bytes) -> fmt.Header | None:
+    line = head.split(b"\n", 1)[0]
+    if len(line) == len(head) or not fmt.checksum_ok(line):
+        return None
+    try:
+        return fmt.parse_header(line)
+    except UnsupportedVersionError:
+        return None
+
+
+def read_header(fs: FileSystem, directory: str, name: str) -> fmt.Header | None:
+    """The verified header of a segment, read without scanning the rest; None if unreadable
+    (a file that is not a regular one included)."""
+    try:
+        fd = fs.open_read(os.path.join(directory, name))
+    except CorruptionError:
+        return None
+    try:
+        head = fs.pread(fd, fmt.HEADER_LINE_LIMIT, 0)
+    finally:
+        fs.close(fd)
+    return _header_of(head)
+
+
+# A seal line is under 200 bytes (three numbers and a digest); a longer last line is not one.
+SEAL_LINE_LIMIT = 1024
+
+
+def read_ends(fs: FileSystem, directory: str, name: str) -> tuple[fmt.Header | None,
+                                                                  fmt.Seal | None]:
+    """A segment's verified header and, when its last line is a verified seal, that seal: what
+    can be checked of a segment without reading its records. None for what is not there."""
+    fd = fs.open_read(os.path.join(directory, name))
+    try:
+        head = fs.pread(fd, fmt.HEADER_LINE_LIMIT, 0)
+        size = fs.fstat_size(fd)
+        start = max(0, size - SEAL_LINE_LIMIT)
+        tail = fs.pread(fd, size - start, start) if size else b""
+    finally:
+        fs.close(fd)
+    header = _header_of(head)
+    if not tail.endswith(b"\n"):
+        return header, None
+    line_start = tail.rfind(b"\n", 0, len(tail) - 1) + 1
+    if line_start == 0:  # the window holds one line: too long for a seal, or the header
+        return header, None
+    line = tail[line_start:-1]
+    if not fmt.checksum_ok(line):
+        return header, None
+    return header, fmt.parse_seal(line)
