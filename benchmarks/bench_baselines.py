@@ -100,8 +100,9 @@ def jsonl(duration: float, fsync: bool) -> Callable[[Path], Sample]:
     return measure
 
 
-def sqlite_connect(path: Path, synchronous: str) -> sqlite3.Connection:
-    conn = sqlite3.connect(path, timeout=30.0)
+def sqlite_connect(path: Path, synchronous: str, shared: bool = False) -> sqlite3.Connection:
+    """`shared`: one connection used by several threads (the caller serialises its use)."""
+    conn = sqlite3.connect(path, timeout=30.0, check_same_thread=not shared)
     conn.execute("PRAGMA busy_timeout=30000")
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute(f"PRAGMA synchronous={synchronous}")

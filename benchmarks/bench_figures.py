@@ -7,10 +7,11 @@ from types import ModuleType
 
 import bench_baselines as base
 import bench_open
+import bench_sessions
 import bench_walj
 from bench_core import Config, Measure, Row, Series, Target, interleave, speed_row
 
-GROUPS = ["append", "group", "dispatch", "open", "zipapp"]
+GROUPS = ["append", "group", "dispatch", "open", "zipapp", "sessions"]
 ALIASES = {"durable": "append", "unsynced": "append", "latency": "append", "rss": "open"}
 Measures = dict[str, tuple[str, Measure | str]]
 Say = Callable[[str], None]
@@ -333,6 +334,75 @@ def zipapp_group(
     return s, rows
 
 
+SESSION_MODES = {
+    "async": "one asyncio loop, a task per session, `await turn.adispatch` of an async no-op",
+    "threads": "a thread per session, `turn.dispatch` of a no-op",
+}
+RAW_THREADS = "raw `os.write` + `fdatasync`, a thread per file (the disk's limit), commits/s ÷ 2"
+SQLITE_EACH = "SQLite WAL `synchronous=FULL`, a database per session, commits/s ÷ 2"
+SQLITE_SHARED = "SQLite WAL `synchronous=FULL`, one database for every session, commits/s ÷ 2"
+CPU_KEY = "user_cpu_us_per_call"
+
+
+def sessions_group(
+    cfg: Config, walj: ModuleType | None, say: Say
+) -> tuple[dict[str, Series], list[Row]]:
+    counts = bench_sessions.QUICK_SESSIONS if cfg.quick else bench_sessions.SESSIONS
+    # CPU time is sampled at the kernel's tick (often 4-10 ms): a window must span many.
+    d = max(cfg.duration, bench_sessions.MIN_WINDOW_SECONDS)
+    m: Measures = {}
+    for n in counts:
+        m[f"sessions-async-{n}"] = ("calls/s", bench_sessions.walj_async(walj, d, n))
+        m[f"sessions-threads-{n}"] = ("calls/s", bench_sessions.walj_threads(walj, d, n))
+        m[f"sessions-raw-{n}"] = ("calls/s", bench_sessions.raw_threads(d, n))
+        m[f"sessions-sqlite-each-{n}"] = ("calls/s", bench_sessions.sqlite_per_session(d, n))
+        m[f"sessions-sqlite-shared-{n}"] = ("calls/s", bench_sessions.sqlite_shared(d, n))
+    s = interleave(m, cfg.reps, cfg.workdir, say)
+    rows: list[Row] = []
+    for n in counts:
+        label = f"{n} session{'s' * (n > 1)}"
+        for mode, how in SESSION_MODES.items():
+            walj_s = s[f"sessions-{mode}-{n}"]
+            for ref, ref_name in (("raw", RAW_THREADS), ("sqlite_each", SQLITE_EACH),
+                                  ("sqlite_shared", SQLITE_SHARED)):
+                targets = []
+                if n == 64 and mode == "async" and ref == "raw":
+                    targets = [Target("ratio", 0.5, "≥ 0.5×")]
+                if n == 64 and ref == "sqlite_each":
+                    targets = [Target("ratio", 2.0, "≥ 2× (best mode)")]
+                rows.append(with_extra(
+                    speed_row(f"sessions.{mode}.{ref}.{n}",
+                              f"durable dispatch, {label}, {mode}", walj_s,
+                              s[f"sessions-{ref.replace('_', '-')}-{n}"], measures=how,
+                              baseline=ref_name,
+                              targets=targets),
+                    walj_s, {CPU_KEY: CPU_KEY}))
+        raw = s[f"sessions-raw-{n}"]
+        for mode in SESSION_MODES:
+            rows.append(cpu_row(f"sessions.cpu.{mode}.{n}", f"user CPU per durable dispatch, "
+                                f"{label}, {mode}", s[f"sessions-{mode}-{n}"], raw))
+    return s, rows
+
+
+def cpu_row(row_id: str, figure: str, walj_s: Series, raw: Series) -> Row:
+    """User CPU µs per call (os.times over the window, all threads) against the raw loop's
+    CPU per write+fdatasync; lower is better, so the ratio is raw / walj."""
+    w, b = walj_s.extra_median(CPU_KEY), raw.extra_median("user_cpu_us_per_write")
+    rounds = []
+    if not (walj_s.status or raw.status) and len(walj_s.samples) == len(raw.samples):
+        for ws, rs in zip(walj_s.samples, raw.samples, strict=True):
+            wv, rv = ws.extra.get(CPU_KEY), rs.extra.get("user_cpu_us_per_write")
+            if wv and rv:
+                rounds.append(rv / wv)
+    return Row(id=row_id, figure=figure, unit="µs", walj=w, base=b,
+               ratio=(b / w) if w and b else None,
+               targets=[Target("max", 40.0, "≤ 40 µs")],
+               status=walj_s.status, base_status=raw.status,
+               measures="user CPU time per durable dispatch (getrusage, every thread)",
+               baseline="the raw loop's user CPU per write + fdatasync, same sessions",
+               round_ratios=rounds)
+
+
 def run_group(
     name: str, cfg: Config, walj: ModuleType | None, fx: bench_open.Fixtures, say: Say
 ) -> tuple[dict[str, Series], list[Row]]:
@@ -341,5 +411,6 @@ def run_group(
         return open_group(cfg, walj, fx, say)
     if name == "zipapp":
         return zipapp_group(cfg, walj, fx, say)
-    simple = {"append": append_group, "group": group_group, "dispatch": dispatch_group}
+    simple = {"append": append_group, "group": group_group, "dispatch": dispatch_group,
+              "sessions": sessions_group}
     return simple[name](cfg, walj, say)

@@ -212,6 +212,34 @@ def plot(out: Path, series: dict[str, Series], threads: list[int], sizes: list[i
         written.append("group_commit.png")
     plt.close(fig)
 
+    # Sessions: durable calls/s against the number of sessions in one process (log x axis).
+    counts = sorted({int(k.rsplit("-", 1)[1]) for k in series
+                     if k.startswith("sessions-raw-") and _measured(series, k)})
+    if counts:
+        fig, ax = plt.subplots(figsize=(6.4, 4.2))
+        for prefix, label, style in (
+            ("sessions-async-", "walj, asyncio adispatch", "o-"),
+            ("sessions-threads-", "walj, a thread per session", "s-"),
+            ("sessions-raw-", "raw write+fdatasync per file (limit)", "k:"),
+            ("sessions-sqlite-each-", "SQLite FULL, a database per session", "^--"),
+            ("sessions-sqlite-shared-", "SQLite FULL, one shared database", "v--"),
+        ):
+            pts = [(n, m) for n in counts if (x := _measured(series, f"{prefix}{n}"))
+                   and (m := x.median()) is not None]
+            if pts:
+                ax.plot([n for n, _ in pts], [m for _, m in pts], style, label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(counts, [str(n) for n in counts])
+        ax.set_xlabel("sessions in one process")
+        ax.set_ylabel("durable dispatches/s (2 fsyncs each)")
+        ax.set_title("Many sessions: durable dispatch against the disk's limit")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize="small")
+        fig.tight_layout()
+        fig.savefig(out / "sessions.png", dpi=120)
+        written.append("sessions.png")
+        plt.close(fig)
+
     # Open time against log size.
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     drew = False

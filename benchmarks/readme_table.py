@@ -105,6 +105,50 @@ def group_table(doc: dict[str, Any], rows: Rows) -> list[str]:
     return lines
 
 
+def sessions_table(doc: dict[str, Any], rows: Rows) -> list[str]:
+    """Many sessions in one process: walj's two modes against the limit and SQLite; nothing
+    when the run had no sessions family."""
+    counts = sorted({int(r.rsplit(".", 1)[1]) for r in rows if r.startswith("sessions.async.raw.")})
+    if not counts:
+        return []
+    lines = [
+        "",
+        "Many sessions in one process, each with its own journal: durable no-op dispatches/s "
+        "(two fsyncs each; the baselines' commits/s ÷ 2), and user CPU per dispatch:",
+        "",
+        "| sessions | raw write+fdatasync, a thread per file (limit) | SQLite FULL, a database "
+        "per session | SQLite FULL, one shared database | walj asyncio `adispatch` (× limit, "
+        "× SQLite each) | walj a thread per session (× limit, × SQLite each) | user CPU µs "
+        "per dispatch, async / threads (raw per write) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for n in counts:
+        def get(row_id: str) -> dict[str, Any] | None:
+            return rows.get(row_id)
+
+        raw, each = get(f"sessions.async.raw.{n}"), get(f"sessions.async.sqlite_each.{n}")
+        shared = get(f"sessions.async.sqlite_shared.{n}")
+        cells = [str(n)]
+        for row in (raw, each, shared):
+            cells.append("—" if row is None else _value(row, "baseline"))
+        for mode in ("async", "threads"):
+            vs_raw = get(f"sessions.{mode}.raw.{n}")
+            vs_each = get(f"sessions.{mode}.sqlite_each.{n}")
+            if vs_raw is None or vs_each is None:
+                cells.append("—")
+                continue
+            cells.append(f"{_value(vs_raw, 'walj')} ({ratio_text(vs_raw['ratio'])}, "
+                         f"{ratio_text(vs_each['ratio'])})")
+        cpu = [get(f"sessions.cpu.{mode}.{n}") for mode in ("async", "threads")]
+        shown = [("—" if c is None or c["walj"] is None else f"{c['walj']:.0f}") for c in cpu]
+        base = cpu[0]["baseline"] if cpu[0] is not None else None
+        cells.append(" / ".join(shown) + ("" if base is None else f" ({base:.0f})"))
+        lines.append("| " + " | ".join(cells) + " |")
+    if "sessions.png" in doc.get("plots", []):
+        lines += ["", "![durable dispatch against sessions](benchmarks/results/sessions.png)"]
+    return lines
+
+
 def _num(rows: Rows, row_id: str, key: str) -> float | None:
     """A measured number of a row: "walj", "baseline", or the name of a counted extra."""
     row = rows.get(row_id)
@@ -214,6 +258,7 @@ def render(doc: dict[str, Any]) -> str:
     lines += group_table(doc, rows)
     if "group_commit.png" in doc.get("plots", []):
         lines += ["", "![group commit scaling](benchmarks/results/group_commit.png)"]
+    lines += sessions_table(doc, rows)
     lines += ["", "Where the time goes, from the same run:", ""]
     lines += findings(doc, rows, n)
     return "\n".join(lines) + "\n"

@@ -41,8 +41,15 @@ JOURNAL_ROWS = ["dispatch.noop", "dispatch.python"] + [
     f"{fig}.journal.{k}" for k in SIZES for fig in ("open", "logopen", "rss")
 ]
 ZIPAPP_ROWS = [f"zipapp.{k}" for k in SIZES]
-EXPECTED = LOG_ROWS + JOURNAL_ROWS + ZIPAPP_ROWS
-PLOTS = ["group_commit.png", "open_time.png", "latency.png"]
+SESSION_COUNTS = [1, 8, 64]  # the quick run's
+SESSION_ROWS = [
+    row for n in SESSION_COUNTS for row in
+    [f"sessions.{m}.{ref}.{n}" for m in ("async", "threads")
+     for ref in ("raw", "sqlite_each", "sqlite_shared")]
+    + [f"sessions.cpu.{m}.{n}" for m in ("async", "threads")]
+]
+EXPECTED = LOG_ROWS + JOURNAL_ROWS + ZIPAPP_ROWS + SESSION_ROWS
+PLOTS = ["group_commit.png", "sessions.png", "open_time.png", "latency.png"]
 
 
 def _load_renderer() -> ModuleType:
@@ -97,7 +104,12 @@ def test_every_row_is_measured_against_its_baseline(
         assert row["baseline"] is not None and row["baseline"] > 0, row_id
         assert row["ratio"] is not None and row["ratio"] > 0, row_id
         assert row["measures"] and row["baseline_is"], f"{row_id} does not say what it measured"
-        assert len(row["ratio_rounds"]) == REPS, row_id
+        if row_id.startswith("sessions.cpu."):
+            # CPU time is sampled at the kernel's tick: in this tiny run's windows of a few
+            # milliseconds the raw loop may show none in a round, which then has no ratio.
+            assert 1 <= len(row["ratio_rounds"]) <= REPS, row_id
+        else:
+            assert len(row["ratio_rounds"]) == REPS, row_id
         for target in row["targets"]:
             assert target["met"] in (True, False), (row_id, target)
     # The baselines encode with walj's own encoder.

@@ -179,3 +179,52 @@ def test_cancelled_while_the_intent_is_written_calls_nothing_and_says_so(
     assert called == []
     finished = [r for r in records(path) if r["kind"] == rc.FINISHED]
     assert len(finished) == 1 and finished[0]["outcome"] == "cancelled"
+
+
+def test_many_async_sessions_sync_in_parallel_beyond_the_default_executor(
+    tmp_path: Path,
+) -> None:
+    """Every journal's blocking steps run in one shared pool of sync threads, sized for many
+    sessions, not in the loop's default executor (min(32, cores + 4) threads): 16 sessions
+    must have 16 fsyncs in flight at once. Each sync waits at a barrier for all 16; with too
+    few threads it would never fill, and the barrier times out."""
+    from walj.journal import _aio
+    from walj.log._fs import FileSystem
+
+    sessions = 16
+    assert _aio.DEFAULT_SYNC_THREADS >= sessions
+    barrier = threading.Barrier(sessions, timeout=20)
+    armed = threading.Event()
+    names: set[str] = set()
+
+    class Gathering(FileSystem):
+        def sync(self, fd: int) -> None:
+            if armed.is_set():
+                names.add(threading.current_thread().name)
+                barrier.wait()
+            super().sync(fd)
+
+    async def noop(k: int) -> int:
+        return k
+
+    journals = [ToolJournal.open(tmp_path / f"s{k}", tools={"noop": noop}, sync="never",
+                                 _fs=Gathering()) for k in range(sessions)]
+
+    async def session(k: int) -> str:
+        async with journals[k].turn() as turn:
+            result = await turn.adispatch("noop", {"k": k})  # the intent's sync gathers
+        return result.outcome
+
+    async def main() -> list[str]:
+        armed.set()
+        return await asyncio.gather(*(session(k) for k in range(sessions)))
+
+    try:
+        outcomes = asyncio.run(main())
+    finally:
+        armed.clear()
+        barrier.abort()
+        for journal in journals:
+            journal.close()
+    assert outcomes == ["ok"] * sessions
+    assert len(names) >= sessions and all(n.startswith("walj-sync") for n in names), names

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 from ..errors import TurnError, UnknownToolError
 from . import _writes
-from ._aio import consume, in_worker
+from ._aio import consume, in_worker, submit
 from ._core import Core, TurnSlot
 from ._fingerprint import (
     FAST_CANONICAL,
@@ -281,7 +281,7 @@ class Turn(TurnSlot):
 
     def _write_settlements_soon(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
         try:
-            future = loop.run_in_executor(None, self._core.write_settlements)
+            future = submit(loop, self._core.write_settlements)
         except RuntimeError:  # the loop is closing: the queue is written by the next call
             done: asyncio.Future[None] = loop.create_future()
             done.set_result(None)
