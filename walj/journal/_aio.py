@@ -4,7 +4,7 @@ cancellation, so the event loop never waits on the disk.
 Every journal in the process shares one bounded pool of sync threads, not the loop's default
 executor: that one has min(32, cores + 4) threads, so with many sessions on a small machine it
 caps how many fsyncs are in flight at once far below what the disk takes (the file system folds
-fsyncs of different files into shared journal commits). `set_sync_threads` sizes the pool.
+fsyncs of different files into shared journal commits). WALJ_SYNC_THREADS sizes the pool.
 """
 
 from __future__ import annotations
@@ -21,18 +21,6 @@ DEFAULT_SYNC_THREADS = 64
 _pool: ThreadPoolExecutor | None = None
 _pool_size = int(os.environ.get("WALJ_SYNC_THREADS") or DEFAULT_SYNC_THREADS)
 _pool_lock = threading.Lock()
-
-
-def set_sync_threads(n: int) -> None:
-    """Size the shared pool for later steps (threads start as they are needed). A step
-    already submitted finishes in the old pool."""
-    global _pool, _pool_size
-    if type(n) is not int or n < 1:
-        raise ValueError(f"sync threads must be a positive int, not {n!r}")
-    with _pool_lock:
-        old, _pool, _pool_size = _pool, None, n
-    if old is not None:
-        old.shutdown(wait=False)
 
 
 def sync_pool() -> ThreadPoolExecutor:
