@@ -181,6 +181,47 @@ def test_cancelled_while_the_intent_is_written_calls_nothing_and_says_so(
     assert len(finished) == 1 and finished[0]["outcome"] == "cancelled"
 
 
+def test_cancelled_before_its_worker_starts_writes_no_intent_and_leaves_nothing_live(
+    tmp_path: Path,
+) -> None:
+    """The intent's write is handed to a sync thread; a caller cancelled before that thread
+    starts must win the race: the intent is never written, nothing stays live, the next
+    dispatch runs. (Here the writer is held by another step, so the thread waits.)"""
+    called: list[int] = []
+
+    async def tool() -> None:
+        called.append(1)
+
+    path = tmp_path / "j"
+
+    async def main() -> None:
+        with ToolJournal.open(path, tools={"t": tool}) as journal:
+            async with journal.turn() as turn:
+                core = journal._core
+                core.write_lock.acquire()  # the worker's begin waits for it
+                try:
+                    task = asyncio.ensure_future(turn.adispatch("t", {}))
+                    await asyncio.sleep(0.05)  # submitted, and waiting for the writer
+                    task.cancel()
+                    with pytest.raises(asyncio.CancelledError):
+                        await task
+                finally:
+                    core.write_lock.release()
+                await asyncio.sleep(0.05)
+                assert not core.live and not journal.recovery.blocked
+                assert (await turn.adispatch("t", {})).outcome == "ok"
+
+    asyncio.run(main())
+    assert called == [1]
+    kinds = [r["kind"] for r in records(path)]
+    assert kinds.count(rc.STARTED) == 1 and kinds.count(rc.FINISHED) == 1, kinds
+    reopened = walj.ToolJournal.open(path, tools={"t": tool})
+    try:
+        assert not reopened.recovery.blocked
+    finally:
+        reopened.close()
+
+
 def test_many_async_sessions_sync_in_parallel_beyond_the_default_executor(
     tmp_path: Path,
 ) -> None:

@@ -61,6 +61,9 @@ class Core:
         # record to write once the intent lands (the handler is never called).
         self._abandoned: dict[str, dict[str, Any]] = {}
         self._beginning: set[str] = set()  # executions whose intent is being written
+        # Executions whose begin was handed to a worker thread and has not started: a caller
+        # that gives up first takes its reservation back, and the begin then writes nothing.
+        self._reserved: set[str] = set()
         self.unknown_state: BaseException | None = None  # the state could not be rebuilt
         self.closed = False
 
@@ -154,9 +157,18 @@ class Core:
 
     # --- executions -----------------------------------------------------------------------------
 
-    def begin(self, started: dict[str, Any], execution_id: str) -> tuple[Any, ...] | None:
+    def reserve(self, execution_id: str) -> None:
+        """Before `begin(..., reserved=True)` is handed to another thread: until that begin
+        starts, `settle_later` cancels it instead of finding nothing to settle (the intent
+        would otherwise land after its caller gave up, live with nobody to settle it)."""
+        with self.lock:
+            self._reserved.add(execution_id)
+
+    def begin(self, started: dict[str, Any], execution_id: str, *,
+              reserved: bool = False) -> tuple[Any, ...] | None:
         """Durably write the intent and make the execution live, unless dispatch is blocked:
-        then write tool_execution_blocked and return the blockers. One atomic step."""
+        then write tool_execution_blocked and return the blockers. One atomic step. With
+        `reserved`, only while the reservation stands: a caller that gave up took it back."""
 
         def live(seq: int) -> None:
             abandoned = self._abandoned.pop(execution_id, None)
@@ -168,6 +180,11 @@ class Core:
         with self.write_lock:
             try:
                 with self.lock:
+                    if reserved:
+                        if execution_id not in self._reserved:
+                            raise TurnError("the dispatch was given up before its intent was "
+                                            "written; nothing was written")
+                        self._reserved.discard(execution_id)
                     self._beginning.add(execution_id)
                 self.check_open()
                 self.write_settlements()
@@ -203,6 +220,8 @@ class Core:
                 self._settlements.append((execution_id, record))
             elif execution_id in self._beginning:
                 self._abandoned[execution_id] = record
+            elif execution_id in self._reserved:
+                self._reserved.discard(execution_id)  # its begin, when it runs, writes nothing
             # else its intent was never written: there is nothing to settle
 
     def write_settlements(self) -> None:

@@ -4,6 +4,7 @@ path and interrupts, sync and async."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import os
 from collections.abc import Mapping
@@ -245,7 +246,9 @@ class Turn(TurnSlot):
         # every line from the intent's submission on is covered by it (no gap between blocks).
         stage, record = "intent", None
         try:
-            blockers = await in_worker(core.begin, prep.started, eid)
+            core.reserve(eid)
+            blockers = await in_worker(functools.partial(core.begin, reserved=True),
+                                       prep.started, eid)
             if blockers is not None:
                 return self._blocked(prep, blockers)
             stage = "handler"
