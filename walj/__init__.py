@@ -47,6 +47,7 @@ from .errors import (  # noqa: E402
     ResolutionError,
     ToolBlocked,
     ToolCancelled,
+    ToolOutcomeUnknown,
     TurnError,
     UnknownToolError,
 )
@@ -76,6 +77,7 @@ __all__ += [
     "ToolBlocked",
     "ToolCancelled",
     "ToolContext",
+    "ToolOutcomeUnknown",
     "ToolJournal",
     "ToolResult",
     "TurnError",

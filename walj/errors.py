@@ -69,6 +69,12 @@ class ToolBlocked(Exception):
     """Raised by a tool handler or guard to refuse the call: the execution finishes as "blocked"."""
 
 
+class ToolOutcomeUnknown(Exception):
+    """Raised by a tool handler that cannot tell whether its effect happened (a connection lost
+    after the request was sent): the execution is recorded ambiguous and blocks, as after a
+    crash, until it is resolved; dispatch then re-raises it."""
+
+
 class ResolutionError(WaljError, ValueError):
     """A resolution was refused; `reason` says why and nothing was written.
 

@@ -198,6 +198,38 @@ def test_cancelled_and_blocked_outcomes(tmp_path: Path) -> None:
     assert kinds(tmp_path / "j").count(rc.FINISHED) == 3
 
 
+@pytest.mark.parametrize("mode", ["dispatch", "adispatch"])
+def test_a_handler_that_cannot_tell_leaves_the_execution_ambiguous_and_blocking(
+    tmp_path: Path, mode: str
+) -> None:
+    import asyncio
+
+    def lost() -> None:
+        raise walj.ToolOutcomeUnknown("connection lost after the request was sent")
+
+    async def alost() -> None:
+        lost()
+
+    follow = Recorder()
+    tools = {"lost": alost if mode == "adispatch" else lost, "next": follow}
+    path = tmp_path / "j"
+    with walj.ToolJournal.open(path, tools=tools) as journal:
+        with pytest.raises(walj.ToolOutcomeUnknown):
+            with journal.turn() as turn:
+                if mode == "adispatch":
+                    asyncio.run(turn.adispatch("lost", {}))
+                else:
+                    turn.dispatch("lost", {})
+        [blocker] = journal.recovery.blockers
+        assert (blocker.tool, blocker.state) == ("lost", "ambiguous")
+        with journal.turn() as turn:
+            assert turn.dispatch("next", {}).outcome == "blocked" and follow.calls == []
+    assert rc.FINISHED not in kinds(path) and kinds(path).count(rc.AMBIGUOUS) == 1
+    with walj.ToolJournal.open(path, tools=tools) as reopened:
+        [blocker] = reopened.recovery.blockers
+        assert blocker.state == "ambiguous"
+
+
 def test_handler_receives_a_context_with_the_idempotency_key(tmp_path: Path) -> None:
     seen: list[walj.ToolContext] = []
 

@@ -246,12 +246,12 @@ class Tracer:
             self.on_fire()
             return None
         code = _Code.of(frame.f_code)
-        if code.opname(frame.f_lasti) == "NOP":
+        if code.leaves_region(frame.f_lasti):  # a `return` line's NOP before a with's exit too
+            self.pending, self._wait = frame, "breaker"
+        elif code.opname(frame.f_lasti) == "NOP":
             # A `try:` line: CPython leaves such NOPs out of the exception table (they cannot
             # raise), even inside a `with` block; the interrupt lands at the next instruction.
             self.pending, self._wait = frame, "next"
-        elif code.leaves_region(frame.f_lasti):
-            self.pending, self._wait = frame, "breaker"
         else:
             self.deliver(frame)
         self._at = frame.f_lasti

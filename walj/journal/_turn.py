@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from types import TracebackType
 from typing import Any, NamedTuple
 
-from ..errors import TurnError, UnknownToolError
+from ..errors import ToolOutcomeUnknown, TurnError, UnknownToolError
 from . import _writes
 from ._aio import consume, in_worker, submit
 from ._core import Core, TurnSlot
@@ -218,6 +218,8 @@ class Turn(TurnSlot):
                     if inspect.iscoroutine(output):
                         output.close()  # never started, so nothing ran
                     raise TypeError("the handler returned an awaitable: use turn.adispatch")
+            except ToolOutcomeUnknown:
+                raise  # ambiguous, as an interrupt is: recorded and blocking below
             except Exception as exc:
                 record, result = self._finish(prep, outcome_of(exc), None, exc)
             else:
@@ -260,6 +262,8 @@ class Turn(TurnSlot):
                 output = invoke(prep.tool, prep.arguments, prep.context)
                 if inspect.isawaitable(output):
                     output = await output
+            except ToolOutcomeUnknown:
+                raise  # ambiguous, as an interrupt is: recorded and blocking below
             except Exception as exc:
                 record, result = self._finish(prep, outcome_of(exc), None, exc)
             else:
@@ -279,21 +283,16 @@ class Turn(TurnSlot):
             if stage == "intent":  # no waiting for the fsync under way: the queue is enough
                 self._write_settlements_soon(loop)
             else:
-                await self._write_settlements_shielded(loop)
+                await self._write_settlements_awaited(loop)
             raise
 
     def _write_settlements_soon(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
-        try:
-            future = submit(loop, self._core.write_settlements)
-        except RuntimeError:  # the loop is closing: the queue is written by the next call
-            done: asyncio.Future[None] = loop.create_future()
-            done.set_result(None)
-            return done
+        future = submit(loop, self._core.write_settlements)  # runs to its end, awaited or not
         future.add_done_callback(consume)
         return future
 
-    async def _write_settlements_shielded(self, loop: asyncio.AbstractEventLoop) -> None:
+    async def _write_settlements_awaited(self, loop: asyncio.AbstractEventLoop) -> None:
         try:
-            await asyncio.shield(self._write_settlements_soon(loop))
-        except BaseException:  # noqa: B036 - cancelled again: the write goes on in its thread
-            pass
+            await self._write_settlements_soon(loop)
+        except BaseException:  # noqa: B036 - cancelled again (the write goes on in its
+            pass  # thread) or it failed (the record stays queued): the original goes on
