@@ -195,3 +195,22 @@ def run_child(provider: str, journal: Path, effects: Path, mode: str) -> None:
 
 def effect_lines(effects: Path) -> list[str]:
     return effects.read_text(encoding="utf-8").splitlines() if effects.exists() else []
+
+
+def check_import_isolation(monkeypatch: Any, sdk: str) -> None:
+    """`import walj` imports neither `walj.integrations.<sdk>` nor the SDK, and importing the
+    integration without the SDK raises an ImportError that names the extra `walj[<sdk>]`."""
+    import importlib
+
+    import pytest
+
+    script = ("import sys, walj\n"
+              f"print(sorted(m for m in sys.modules if m == {sdk!r}"
+              " or m.startswith('walj.integrations')))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd=ROOT, check=True)
+    assert done.stdout.strip() == "[]"
+    monkeypatch.setitem(sys.modules, sdk, None)  # as if it were not installed
+    monkeypatch.delitem(sys.modules, f"walj.integrations.{sdk}")
+    with pytest.raises(ImportError, match=rf"pip install 'walj\[{sdk}\]'"):
+        importlib.import_module(f"walj.integrations.{sdk}")

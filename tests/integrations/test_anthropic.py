@@ -4,7 +4,6 @@ without a journal, and an agent loop SIGKILLed inside a tool, then recovered."""
 from __future__ import annotations
 
 import datetime
-import importlib
 import json
 import subprocess
 import sys
@@ -225,16 +224,7 @@ def test_a_tool_use_block_without_an_id_runs_nothing(tmp_path: Path) -> None:
 def test_importing_walj_does_not_import_the_integration_and_a_missing_sdk_names_the_extra(
     monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    script = ("import sys, walj\n"
-              "print(sorted(m for m in sys.modules if m == 'anthropic'"
-              " or m.startswith('walj.integrations')))\n")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          cwd=fx.ROOT, check=True)
-    assert done.stdout.strip() == "[]"
-    monkeypatch.setitem(sys.modules, "anthropic", None)  # as if it were not installed
-    monkeypatch.delitem(sys.modules, "walj.integrations.anthropic")
-    with pytest.raises(ImportError, match=r"pip install 'walj\[anthropic\]'"):
-        importlib.import_module("walj.integrations.anthropic")
+    fx.check_import_isolation(monkeypatch, "anthropic")
 
 
 # --- a real crash -----------------------------------------------------------------------------
