@@ -8,10 +8,20 @@ from types import ModuleType
 import bench_baselines as base
 import bench_open
 import bench_sessions
+import bench_sweep
 import bench_walj
-from bench_core import Config, Measure, Row, Series, Target, interleave, speed_row
+from bench_core import (
+    Config,
+    Measure,
+    Row,
+    Series,
+    Target,
+    child_env,
+    interleave,
+    speed_row,
+)
 
-GROUPS = ["append", "group", "dispatch", "open", "zipapp", "sessions"]
+GROUPS = ["append", "group", "dispatch", "open", "zipapp", "sessions", "sweep"]
 ALIASES = {"durable": "append", "unsynced": "append", "latency": "append", "rss": "open"}
 Measures = dict[str, tuple[str, Measure | str]]
 Say = Callable[[str], None]
@@ -357,8 +367,16 @@ def sessions_group(
         m[f"sessions-raw-{n}"] = ("calls/s", bench_sessions.raw_threads(d, n))
         m[f"sessions-sqlite-each-{n}"] = ("calls/s", bench_sessions.sqlite_per_session(d, n))
         m[f"sessions-sqlite-shared-{n}"] = ("calls/s", bench_sessions.sqlite_shared(d, n))
+    m["sessions-request-walj"] = ("requests/s", bench_sessions.walj_request(walj, d))
+    m["sessions-request-sqlite"] = ("requests/s", bench_sessions.sqlite_request(d))
     s = interleave(m, cfg.reps, cfg.workdir, say)
-    rows: list[Row] = []
+    rows: list[Row] = [speed_row(
+        "sessions.request", "a session per request",
+        s["sessions-request-walj"], s["sessions-request-sqlite"],
+        measures=f"`ToolJournal.open` of a {bench_sessions.REQUEST_RECORDS:,}-record session, a "
+                 "turn with one durable no-op dispatch, `close`",
+        baseline=f"SQLite WAL `synchronous=FULL`: connect to the session's database of "
+                 f"{bench_sessions.REQUEST_RECORDS:,} rows, two INSERT + commit, close")]
     for n in counts:
         label = f"{n} session{'s' * (n > 1)}"
         for mode, how in SESSION_MODES.items():
@@ -381,6 +399,33 @@ def sessions_group(
         for mode in SESSION_MODES:
             rows.append(cpu_row(f"sessions.cpu.{mode}.{n}", f"user CPU per durable dispatch, "
                                 f"{label}, {mode}", s[f"sessions-{mode}-{n}"], raw))
+    return s, rows
+
+
+def sweep_group(
+    cfg: Config, walj: ModuleType | None, say: Say
+) -> tuple[dict[str, Series], list[Row]]:
+    root = bench_sweep.SweepRoot(cfg, child_env(walj))
+    missing = bench_walj.journal_missing(walj)
+    m: Measures = {
+        "sweep-walj": ("sessions/s", missing or bench_sweep.walj_sweep(root)),
+        "sweep-read": ("sessions/s", missing or bench_sweep.read_all(root)),
+    }
+    s = interleave(m, cfg.proc_reps, cfg.workdir, say)
+    n = f"{root.sessions:,} local sessions"
+    how = (f"`walj sweep ROOT --json` in a fresh process: every session's segments verified and "
+           f"its recovery state rebuilt, one in {bench_sweep.BLOCKED_EVERY} blocked; wall clock")
+    floor = "one process walking the same root and reading every byte of every file"
+    rows = [
+        speed_row("sweep.local", f"sweep, {n}", s["sweep-walj"], s["sweep-read"],
+                  measures=how, baseline=floor),
+        speed_row("sweep.rss", f"peak RSS, sweep, {n}",
+                  bench_open.derived(s["sweep-walj"], "rss_mb", "MB"),
+                  bench_open.derived(s["sweep-read"], "rss_mb", "MB"),
+                  measures="peak RSS of the largest process of the sweep (its workers "
+                           "included), interpreter included",
+                  baseline="the same, of the reading process", lower_is_better=True),
+    ]
     return s, rows
 
 
@@ -412,5 +457,5 @@ def run_group(
     if name == "zipapp":
         return zipapp_group(cfg, walj, fx, say)
     simple = {"append": append_group, "group": group_group, "dispatch": dispatch_group,
-              "sessions": sessions_group}
+              "sessions": sessions_group, "sweep": sweep_group}
     return simple[name](cfg, walj, say)

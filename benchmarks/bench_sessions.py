@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -30,7 +31,7 @@ from bench_baselines import (
     sqlite_connect,
     sqlite_create,
 )
-from bench_core import Measure, Sample, make_record
+from bench_core import Measure, Sample, make_record, timed_loop
 from bench_walj import _noop, journal_missing
 
 SESSIONS = [1, 8, 64, 256]
@@ -211,5 +212,73 @@ def sqlite_shared(duration: float, n: int) -> Measure:
             return _as_calls(_threads_with_cpu(n, duration, make_op))
         finally:
             conn.close()
+
+    return measure
+
+
+# --- a session per request: open, one call, close ----------------------------------------------
+# A stateless server opens the session's journal for each request and closes it after. Its cost
+# is the open's scan of the session's history plus the call's syncs, so each series keeps
+# REQUEST_COPIES sessions of REQUEST_RECORDS records and serves them in turn: each grows by a
+# few records a request, and stays near its size through the timed window.
+
+REQUEST_RECORDS = 1_000
+REQUEST_COPIES = 16
+CALLS_PER_TURN = 10
+RECORDS_PER_TURN = 2 + 2 * CALLS_PER_TURN  # turn_started, an intent and an outcome a call, ...
+
+
+def walj_request(walj: ModuleType | None, duration: float) -> Measure | str:
+    """`ToolJournal.open` of a 1,000-record session, a turn with one durable no-op dispatch,
+    `close`: what one request costs a server that keeps no journal open."""
+    missing = journal_missing(walj)
+    if missing or walj is None:
+        return missing or "walj not importable"
+    wal = walj
+
+    def measure(d: Path) -> Sample:
+        template = d / "template"
+        with wal.ToolJournal.open(template, tools={"noop": _noop}, sync="never") as journal:
+            for _ in range(-(-REQUEST_RECORDS // RECORDS_PER_TURN)):
+                with journal.turn() as turn:
+                    for k in range(CALLS_PER_TURN):
+                        turn.dispatch("noop", {"k": k})
+        paths = [d / f"s{k}" for k in range(REQUEST_COPIES)]
+        for path in paths:
+            shutil.copytree(template, path)
+
+        def op(i: int) -> None:
+            with wal.ToolJournal.open(paths[i % REQUEST_COPIES], tools={"noop": _noop},
+                                      sync="always") as journal, journal.turn() as turn:
+                turn.dispatch("noop", {"x": i})
+
+        return timed_loop(op, duration)
+
+    return measure
+
+
+def sqlite_request(duration: float) -> Measure:
+    """The same request on SQLite: connect to the session's database (WAL, FULL) holding
+    1,000 rows, two INSERT + commit (the intent and the outcome), close."""
+
+    def measure(d: Path) -> Sample:
+        dbs = [d / f"s{k}.sqlite3" for k in range(REQUEST_COPIES)]
+        for db in dbs:
+            sqlite_create(db)
+            conn = sqlite_connect(db, "NORMAL")
+            conn.executemany(INSERT, ((encode(make_record(i)),) for i in range(REQUEST_RECORDS)))
+            conn.commit()
+            conn.close()
+
+        def op(i: int) -> None:
+            conn = sqlite_connect(dbs[i % REQUEST_COPIES], "FULL")
+            try:
+                for _ in range(WRITES_PER_CALL):
+                    conn.execute(INSERT, (encode(make_record(i)),))
+                    conn.commit()
+            finally:
+                conn.close()
+
+        return timed_loop(op, duration)
 
     return measure

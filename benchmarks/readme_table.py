@@ -41,6 +41,7 @@ TABLE = [
     "unsynced.jsonl",
     "dispatch.noop",
     "dispatch.python",
+    "sessions.request",
     "open.log.{n}",
     "scan.log.{n}",
     "open.journal.{n}",
@@ -48,6 +49,8 @@ TABLE = [
     "rss.log.{n}",
     "rss.journal.{n}",
     "zipapp.{n}",
+    "sweep.local",
+    "sweep.rss",
 ]
 
 Rows = dict[str, dict[str, Any]]

@@ -47,8 +47,9 @@ SESSION_ROWS = [
     [f"sessions.{m}.{ref}.{n}" for m in ("async", "threads")
      for ref in ("raw", "sqlite_each", "sqlite_shared")]
     + [f"sessions.cpu.{m}.{n}" for m in ("async", "threads")]
-]
-EXPECTED = LOG_ROWS + JOURNAL_ROWS + ZIPAPP_ROWS + SESSION_ROWS
+] + ["sessions.request"]
+SWEEP_ROWS = ["sweep.local", "sweep.rss"]
+EXPECTED = LOG_ROWS + JOURNAL_ROWS + ZIPAPP_ROWS + SESSION_ROWS + SWEEP_ROWS
 PLOTS = ["group_commit.png", "sessions.png", "open_time.png", "latency.png"]
 
 
@@ -152,3 +153,49 @@ def test_plots_or_a_note(quick_run: tuple[Path, dict[str, Any]]) -> None:
             assert (out / name).stat().st_size > 0, f"{name} not written"
     else:
         assert doc["plots"] == [] and "tables only" in md
+
+
+def test_the_profiler_reports_every_workload_it_ran(tmp_path: Path) -> None:
+    """benchmarks/profile_cpu.py: each workload runs in its own child and is folded into the
+    report, with its rate and CPU per op (py-spy when installed, else cProfile)."""
+    out = tmp_path / "profile.md"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "profile_cpu.py"), "--only",
+         "append-never,dispatch,read", "--seconds", "0.3", "--records", "2000",
+         "--dir", str(tmp_path), "--out", str(out)],
+        capture_output=True, text=True, timeout=180, check=False)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    report = out.read_text(encoding="utf-8")
+    sections = re.findall(r"^## ([a-z-]+):", report, flags=re.MULTILINE)
+    assert sections == ["append-never", "dispatch", "read"]
+    rates = [float(r.replace(",", "")) for r in re.findall(r"^([\d,.]+) ops/s", report,
+                                                             flags=re.MULTILINE)]
+    assert len(rates) == 3 and all(rate > 0 for rate in rates), report
+    # The append workload spends its time in walj's writer, and the report says so.
+    append = report.split("## dispatch")[0]
+    assert "walj/log/" in append, append
+    bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "profile_cpu.py"),
+                          "--only", "nonesuch"], capture_output=True, text=True, timeout=60,
+                         check=False)
+    assert bad.returncode == 2 and "unknown workload" in bad.stderr
+
+
+def test_two_commits_compare_side_by_side(tmp_path: Path) -> None:
+    """benchmarks/compare_commits.py on HEAD against itself: both sides build, open and
+    dispatch; the same code writes the same bytes per record."""
+    if subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
+                      check=False).returncode != 0:
+        pytest.skip("not a git checkout")
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "compare_commits.py"), "HEAD", "HEAD",
+         "--records", "500", "--rounds", "1", "--seconds", "0.2"],
+        capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    size = re.search(r"bytes per journal record on disk: old (\d+), new (\d+) \(1\.00x\)",
+                     proc.stdout)
+    assert size and size.group(1) == size.group(2), proc.stdout
+    assert re.search(r"journal open: old [\d,]+ rec/s, new [\d,]+ rec/s", proc.stdout)
+    assert re.search(r"durable dispatch: old [\d,]+ calls/s, new [\d,]+ calls/s", proc.stdout)
+    listed = subprocess.run(["git", "-C", str(ROOT), "worktree", "list"], capture_output=True,
+                            text=True, check=True).stdout
+    assert "walj-compare-" not in listed, "a temporary worktree was left behind"
