@@ -238,3 +238,29 @@ def test_a_local_copy_of_an_archive_reads_as_plain_logs(archive: Archive,
     assert walj.verify(copy).ok
     assert datas(walj.read(copy)) == datas(archive_mod.read(report.url))
     shutil.rmtree(copy)
+
+
+def test_hostile_objects_are_refused_not_trusted(archive: Archive, tmp_path: Path) -> None:
+    """Objects nobody shipped, named like segments: a prefix (a "directory"), and a huge one
+    with no newline, read in chunks and cut at the header's line limit, never held whole."""
+    session = tmp_path / "s"
+    make_session(session)
+    report = archive_mod.ship(session, archive.url)
+    log_id = report.log_id or ""
+    after = len(report.shipped)
+    huge = fmt.segment_name(after + 1)
+    if archive.local_root is not None:
+        (archive.local_root / log_id / fmt.segment_name(after + 2)).mkdir()
+        (archive.local_root / log_id / fmt.segment_name(after + 2) / "x").write_bytes(b"{}")
+    else:
+        archive.put(f"{log_id}/{fmt.segment_name(after + 2)}/x", b"{}")
+    archive.put(f"{log_id}/{huge}", b"a" * (3 << 20))
+    seen = archive_mod.verify(report.url)
+    found = {(p.file, p.kind) for p in seen.problems}
+    assert (fmt.segment_name(after + 2), "not_a_regular_file") in found
+    # The last archived object: not a torn tail, as it would be locally, but a problem.
+    assert (huge, "unsealed_segment") in found and seen.torn_tail is not None
+    assert seen.torn_tail.kind == "oversize_line"
+    assert seen.records == len(datas(archive_mod.read(report.url, recovery="salvage")))
+    with pytest.raises(CorruptionError):
+        list(archive_mod.read(report.url))

@@ -108,8 +108,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
                 for p in log_scan.problems]
         lines += table(("FILE", "OFFSET", "SEQ", "KIND", "DETAIL"), rows, right=(1, 2))
         lines.append("")
-        lines.append(f"`walj repair {path}` cuts the damaged suffix into quarantine/ "
-                     "(see --dry-run first).")
+        if "://" in path:  # an archive is never repaired in place
+            lines.append("`walj archive SESSION_DIR --to ARCHIVE` writes again every archived "
+                         "segment the session still holds that does not match it.")
+        else:
+            lines.append(f"`walj repair {path}` cuts the damaged suffix into quarantine/ "
+                         "(see --dry-run first).")
     write_lines(lines)
     return EXIT_OK if ok else EXIT_PROBLEMS
 
