@@ -208,6 +208,8 @@ def test_reading_an_archive_writes_nothing(archive: Archive, tmp_path: Path) -> 
 def test_bad_input_gets_a_typed_error(archive: Archive, tmp_path: Path) -> None:
     with pytest.raises(walj.WaljError):
         archive_mod.ship(tmp_path / "nothing-here", archive.url)
+    with pytest.raises(archive_mod.ArchiveError, match="no archived segment"):
+        archive_mod.verify(f"{archive.url}/0123456789abcdef0123456789abcdef")
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(archive_mod.ArchiveError, match="log id"):

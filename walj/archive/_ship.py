@@ -9,7 +9,7 @@ from typing import Any
 
 from ..errors import CorruptionError, WaljError
 from ..log import _format as fmt
-from ..log._fs import DEFAULT_FS
+from ..log._fs import DEFAULT_FS, open_regular
 from ..log._scan import corruption, list_segments
 from ..log._segment import read_ends
 from ._store import ArchiveError, Entry, Store, open_store
@@ -51,7 +51,8 @@ def _sealed_bytes(path: str, name: str, index: int, log_id: str | None) -> bytes
     header, seal = read_ends(DEFAULT_FS, path, name)
     if seal is None:
         return None
-    with open(os.path.join(path, name), "rb") as f:  # noqa: PTH123 - sealed: immutable
+    # Never through a symlink or into a FIFO swapped in since the listing: as the log opens.
+    with os.fdopen(open_regular(os.path.join(path, name), os.O_RDONLY), "rb") as f:
         data = f.read()
     problem = _check_bytes(data, name, index, log_id, seal.sha256)
     if header is None or problem is not None:

@@ -214,7 +214,13 @@ def open_view(url: str | os.PathLike[str], *, local: str | os.PathLike[str] | No
     is the archive root given to ship, and the session is ARCHIVE/<the local log's id>."""
     if local is None:
         store = open_store(url, storage_options)
-        return ArchiveView(store, (), store.url)
+        view = ArchiveView(store, (), store.url)
+        if not view.remote():
+            # walj.verify refuses a directory that is not there; an empty prefix is the same.
+            raise ArchiveError(f"{url} holds no archived segment (an archived session is "
+                               "ARCHIVE/<log id>/; walj.archive.archived_sessions(ARCHIVE) "
+                               "lists them)")
+        return view
     local_dir = os.fspath(local)
     log_id = local_log_id(local_dir)
     store = open_store(url, storage_options)
