@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 
-from ._common import EXIT_OK, CliError, emit_json, plural, write_lines
+from ._common import EXIT_OK, CliError, emit_json, plural, segment_names, write_lines
 
 
 def cmd_archive(args: argparse.Namespace) -> int:
     from ..archive import ArchiveError, ship
 
+    segment_names(args.path)  # a session directory, with the same checks and hints as a read
     try:
         report = ship(args.path, args.to, recheck=args.recheck)
     except (ArchiveError, ImportError) as exc:
