@@ -217,6 +217,9 @@ def test_bad_input_gets_a_typed_error(archive: Archive, tmp_path: Path) -> None:
     # A session whose sealed segment was damaged locally: not shipped, the ones before are.
     session = tmp_path / "s"
     make_session(session)
+    # Asked to read the archive too, not the local segments alone in silence.
+    with pytest.raises(archive_mod.ArchiveError, match="nothing shipped"):
+        archive_mod.verify(archive.url, local=session)
     third = segments(session)[2]
     data = bytearray(third.read_bytes())
     data[len(data) // 2] ^= 1

@@ -218,13 +218,17 @@ def open_view(url: str | os.PathLike[str], *, local: str | os.PathLike[str] | No
         if not view.remote():
             # walj.verify refuses a directory that is not there; an empty prefix is the same.
             raise ArchiveError(f"{url} holds no archived segment (an archived session is "
-                               "ARCHIVE/<log id>/; walj.archive.archived_sessions(ARCHIVE) "
-                               "lists them)")
+                               "ARCHIVE/<log id>/, which `walj sweep ARCHIVE` lists)")
         return view
     local_dir = os.fspath(local)
     log_id = local_log_id(local_dir)
     store = open_store(url, storage_options)
-    return ArchiveView(store, (log_id,), local_dir, local=local_dir)
+    view = ArchiveView(store, (log_id,), local_dir, local=local_dir)
+    if not view.remote():
+        # Not a silent check of the local segments alone: the archive was asked for.
+        raise ArchiveError(f"{url} holds no archived segment of log {log_id} (the session in "
+                           f"{local_dir}): nothing shipped there yet")
+    return view
 
 
 def archived_sessions(url: str | os.PathLike[str],
