@@ -224,8 +224,9 @@ def test_bad_input_gets_a_typed_error(archive: Archive, tmp_path: Path) -> None:
     data = bytearray(third.read_bytes())
     data[len(data) // 2] ^= 1
     third.write_bytes(bytes(data))
-    with pytest.raises(CorruptionError, match=third.name):
+    with pytest.raises(CorruptionError, match=third.name) as caught:
         archive_mod.ship(session, archive.url)
+    assert caught.value.kind == "seal_mismatch"
     log_id = walj.verify(session).log_id
     assert archive.names(log_id or "") == [p.name for p in segments(session)[:2]]
 

@@ -56,9 +56,12 @@ def _sealed_bytes(path: str, name: str, index: int, log_id: str | None) -> bytes
         data = f.read()
     problem = _check_bytes(data, name, index, log_id, seal.sha256)
     if header is None or problem is not None:
+        # The kind `walj verify` gives the same damage.
+        kind = ("foreign_segment" if header is not None and log_id is not None
+                and header.log_id != log_id else "bad_header" if header is None
+                or header.index != index else "seal_mismatch")
         raise CorruptionError(f"{path}/{name}: {problem or 'no verified header'}: not shipped "
-                              "(`walj verify` the session)", file=name, offset=0,
-                              kind="seal_mismatch")
+                              "(`walj verify` the session)", file=name, offset=0, kind=kind)
     return data
 
 

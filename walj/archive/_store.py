@@ -13,10 +13,6 @@ from ..log._fs import DEFAULT_FS, DIR_MODE, FILE_MODE, open_regular, write_all
 
 T = TypeVar("T")
 
-# What ship and the readers fetch of an object's two ends without reading it whole.
-HEAD_BYTES = 64 * 1024
-TAIL_BYTES = 1024
-
 
 class ArchiveError(WaljError):
     """The archive could not be reached or used: no fsspec (install walj[s3]), a bad URL,
