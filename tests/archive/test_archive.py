@@ -270,3 +270,20 @@ def test_hostile_objects_are_refused_not_trusted(archive: Archive, tmp_path: Pat
     assert seen.records == len(datas(archive_mod.read(report.url, recovery="salvage")))
     with pytest.raises(CorruptionError):
         list(archive_mod.read(report.url))
+
+
+def test_ship_never_writes_over_a_prefix_named_like_a_segment(archive: Archive,
+                                                              tmp_path: Path) -> None:
+    session = tmp_path / "s"
+    make_session(session)
+    report = archive_mod.ship(session, archive.url)
+    name = report.shipped[1]
+    archive.delete(f"{report.log_id}/{name}")
+    if archive.local_root is not None:
+        (archive.local_root / str(report.log_id) / name).mkdir()
+        (archive.local_root / str(report.log_id) / name / "x").write_bytes(b"{}")
+    else:
+        archive.put(f"{report.log_id}/{name}/x", b"{}")
+    with pytest.raises(archive_mod.ArchiveError, match="not an object"):
+        archive_mod.ship(session, archive.url)
+    assert archive.get(f"{report.log_id}/{name}/x") == b"{}"
