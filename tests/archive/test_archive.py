@@ -9,31 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Archive
+from archive_helpers import Archive, datas, make_session
 from helpers import segments
 
 import walj
 import walj.archive as archive_mod
 from walj.errors import CorruptionError
 from walj.log import _format as fmt
-
-
-def make_session(path: Path, count: int = 60, start: int = 0,
-                 **options: Any) -> list[dict[str, Any]]:
-    records = [{"i": i, "text": f"record {i}", "pad": "x" * (i % 9)}
-               for i in range(start, start + count)]
-    with walj.Log.open(path, segment_bytes=1024, sync="never", **options) as log:
-        for record in records:
-            log.append(record)
-    return records
-
-
-def datas(records: Any) -> list[dict[str, Any]]:
-    out = []
-    for expected, record in enumerate(records, start=1):
-        assert record.seq == expected
-        out.append(record.data)
-    return out
 
 
 def kinds(report: walj.VerifyReport) -> set[str]:

@@ -11,9 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from archive_helpers import Archive, aws_env, make_bucket, make_session
 from cli_helpers import flip_byte, make_journal, record_offset
-from conftest import Archive, aws_env, make_bucket
-from test_archive import make_session
 
 import walj
 import walj.archive as archive_mod

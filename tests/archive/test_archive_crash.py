@@ -11,8 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from conftest import Archive
-from test_archive import datas, make_session
+from archive_helpers import Archive, datas, make_session
 
 import walj.archive as archive_mod
 
