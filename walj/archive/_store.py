@@ -46,8 +46,9 @@ class Store:
         """The names directly under `key` ({} when there is nothing there)."""
         raise NotImplementedError
 
-    def open_read(self, key: str) -> IO[bytes]:
-        """A seekable binary reader of the object."""
+    def open_read(self, key: str, size: int | None = None) -> IO[bytes]:
+        """A seekable binary reader of the object (`size`: as listed, which spares a backend
+        the request that would ask for it)."""
         raise NotImplementedError
 
     def read_range(self, key: str, start: int, end: int) -> bytes:
@@ -85,7 +86,7 @@ class LocalStore(Store):
             found[name] = Entry(st.st_size, stat.S_ISREG(st.st_mode))
         return found
 
-    def open_read(self, key: str) -> IO[bytes]:
+    def open_read(self, key: str, size: int | None = None) -> IO[bytes]:
         return os.fdopen(open_regular(key, os.O_RDONLY), "rb", buffering=0)
 
     def read_range(self, key: str, start: int, end: int) -> bytes:
@@ -177,10 +178,17 @@ class FsspecStore(Store):
             found[name] = Entry(size, info.get("type") == "file")
         return found
 
-    def open_read(self, key: str) -> IO[bytes]:
+    def open_read(self, key: str, size: int | None = None) -> IO[bytes]:
         # Read in order in 1 MiB chunks: a readahead of a few blocks, never the whole object.
-        return self._call(f"opening {key}", lambda: self.fs.open(
-            key, "rb", block_size=4 << 20, cache_type="readahead"))
+        def opened() -> IO[bytes]:
+            options: dict[str, Any] = {"block_size": 4 << 20, "cache_type": "readahead"}
+            protocol = self.fs.protocol
+            protocols = protocol if isinstance(protocol, (tuple, list)) else (protocol,)
+            if size is not None and {"s3", "s3a"} & set(protocols):
+                options["size"] = size  # s3fs then needs no HEAD request per object
+            return self.fs.open(key, "rb", **options)  # type: ignore[no-any-return]
+
+        return self._call(f"opening {key}", opened)
 
     def read_range(self, key: str, start: int, end: int) -> bytes:
         if end <= start:

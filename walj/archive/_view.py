@@ -113,7 +113,7 @@ class ArchiveView(FileSystem):
                 from ._store import refused
 
                 raise refused(name, entry) or FileNotFoundError(path)
-            handle = self.store.open_read(self.store.key(*self.parts, name))
+            handle = self.store.open_read(self.store.key(*self.parts, name), entry.size)
             size = entry.size
         fd = self._next
         self._next += 1
