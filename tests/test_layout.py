@@ -165,9 +165,24 @@ def test_every_package_and_module_says_what_it_is_for() -> None:
                if not (ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or "")
                .strip()]
     assert missing == []
-    for package in ("walj", "walj.log", "walj.journal", "walj.cli"):
+    for package in ("walj", "walj.log", "walj.journal", "walj.cli", "walj.archive"):
         doc = ast.get_docstring(ast.parse(modules()[package].read_text(encoding="utf-8")))
         assert doc is not None and len(doc.splitlines()) >= 3, package
+
+
+def test_only_the_archive_stores_module_imports_fsspec() -> None:
+    """`import walj` never imports fsspec or s3fs: only walj/archive/_store.py names them, and
+    only inside the function that needs them (a missing extra is an ImportError there)."""
+    wrong = []
+    for name, path in modules().items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            targets = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                       else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if any(t.split(".")[0] in ("fsspec", "s3fs") for t in targets):
+                if name != "walj.archive._store" or node.col_offset == 0:
+                    wrong.append(f"{name}:{node.lineno}")
+    assert wrong == []
 
 
 def test_the_log_promises_never_to_read_records_and_the_journal_never_to_touch_files() -> None:

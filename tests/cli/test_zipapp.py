@@ -126,3 +126,26 @@ def test_read_commands_match_the_library_and_write_nothing(zipapp: dict[str, Pat
         assert "Traceback" not in refused.err
     assert snapshot(root) == before
     assert not (tmp_path / "demo").exists()
+
+
+def test_it_reads_a_local_archive_with_the_standard_library(zipapp: dict[str, Path],
+                                                            tmp_path: Path) -> None:
+    """A local archive (a downloaded prefix, a mounted volume) with nothing installed: the
+    archived session alone, the archive plus the local tail, and a sweep of the archive root.
+    Shipping writes, so the zipapp refuses it."""
+    import walj.archive
+
+    session = tmp_path / "s"
+    make_plain_log(session, 80, segment_bytes=1024)
+    report = walj.archive.ship(session, tmp_path / "archive")
+    for seg in segments(session)[:-1]:
+        seg.unlink()
+    alone = forensic(zipapp, "verify", report.url, "--json")
+    assert alone.code == 0 and alone.json()["ok"] and alone.json()["records"] < 80
+    both = forensic(zipapp, "verify", session, "--archive", tmp_path / "archive", "--json")
+    assert both.code == 0 and both.json()["ok"] and both.json()["records"] == 80, both.err
+    swept = forensic(zipapp, "sweep", f"file://{tmp_path / 'archive'}", "--json")
+    assert swept.code == 0 and swept.json()["counts"]["clean"] == 1, swept.err
+    refused = forensic(zipapp, "archive", session, "--to", tmp_path / "other")
+    assert refused.code == 2 and "read-only" in refused.err
+    assert not (tmp_path / "other").exists()

@@ -16,7 +16,7 @@ from .._codec import MAX_DEPTH
 from ..journal._damage import CutLedger, unrecorded
 from ..journal._decode import time_of
 from ..log import _format as fmt
-from ..log._fs import DEFAULT_FS
+from ..log._fs import DEFAULT_FS, FileSystem
 from ..log._lock import owner_info
 from ..log._quarantine import cut_lines, read_manifest
 from ..log._scan import LogScan, TornTail
@@ -64,6 +64,30 @@ def segment_names(path: str) -> list[str]:
     return found
 
 
+def open_log(path: str, archive: str | None = None) -> tuple[str, FileSystem, list[str]]:
+    """The log a read command reads, as (directory, file system, segment names): a local
+    directory, an archived session's URL, or a local session continued from its archive root
+    (`--archive`). The archive package is imported only for those two (never fsspec otherwise).
+    """
+    if archive is None and "://" not in path:
+        return path, DEFAULT_FS, segment_names(path)
+    from ..archive._store import ArchiveError
+    from ..archive._view import open_view
+
+    if archive is not None:
+        segment_names(path)  # a local session directory, with its checks and hints
+    try:
+        view = open_view(path if archive is None else archive,
+                         local=None if archive is None else path)
+        names = view.listdir(view.directory)
+    except (ArchiveError, ImportError) as exc:
+        raise CliError(str(exc)) from None
+    if not names:
+        raise CliError(f"{path} holds no archived segment (an archived session is "
+                       "ARCHIVE/<log id>; `walj sweep ARCHIVE` lists them)")
+    return view.directory, view, names
+
+
 def _holds_segments(path: str) -> bool:
     try:
         return os.path.isdir(path) and any(
@@ -72,22 +96,23 @@ def _holds_segments(path: str) -> bool:
         return False
 
 
-def segment_bytes(path: str, names: Iterable[str]) -> int:
+def segment_bytes(path: str, names: Iterable[str], fs: FileSystem = DEFAULT_FS) -> int:
     total = 0
     for name in names:
         try:
-            total += os.stat(os.path.join(path, name)).st_size
+            total += fs.stat(os.path.join(path, name)).st_size
         except OSError:
             pass
     return total
 
 
-def log_created(path: str, names: Sequence[str]) -> float | None:
+def log_created(path: str, names: Sequence[str],
+                fs: FileSystem = DEFAULT_FS) -> float | None:
     """When the log began: the `created` time of its first segment's header, if it verifies."""
     if not names:
         return None
     try:
-        header = read_header(DEFAULT_FS, path, names[0])
+        header = read_header(fs, path, names[0])
     except OSError:
         return None
     return time_of(header.created) if header is not None and header.first_seq == 1 else None
@@ -158,17 +183,18 @@ def _progress_wanted() -> bool:
         return False
 
 
-def scan(path: str, names: Sequence[str], *, start_seq: int = 0,
-         desc: str = "scanning") -> tuple[LogScan, Iterator[tuple[int, bytes]]]:
+def scan(path: str, names: Sequence[str], *, start_seq: int = 0, desc: str = "scanning",
+         fs: FileSystem = DEFAULT_FS) -> tuple[LogScan, Iterator[tuple[int, bytes]]]:
     """A read-only LogScan of the log in salvage mode (every record that verifies; problems are
     kept, never raised) and an iterator over its (seq, data) pairs, which drives a progress bar
-    when one is shown."""
-    log_scan = LogScan(path, mode="salvage", start_seq=start_seq)
-    if not _progress_wanted():
+    when one is shown. An archive view adds its own end check once the scan is done."""
+    log_scan = LogScan(path, mode="salvage", start_seq=start_seq, fs=fs)
+    finish = getattr(fs, "finish", None)
+    if not _progress_wanted() and finish is None:
         return log_scan, iter(log_scan)
 
     def records() -> Iterator[tuple[int, bytes]]:
-        progress = Progress(segment_bytes(path, names), desc)
+        progress = Progress(segment_bytes(path, names, fs), desc)
         add = progress.add
         try:
             for seq, data in log_scan:
@@ -176,6 +202,8 @@ def scan(path: str, names: Sequence[str], *, start_seq: int = 0,
                 yield seq, data
         finally:
             progress.close()
+        if finish is not None:
+            finish(log_scan)
 
     return log_scan, records()
 

@@ -13,6 +13,7 @@ from ..errors import CorruptionError, UnsupportedVersionError
 from ..journal._decode import decode_record, time_of, turn_number
 from ..journal._records import Blocker, Recovery, subject_of
 from ..journal._recovery import RecoveryState
+from ..log._fs import FileSystem
 from ..log._scan import LogScan
 from ._common import (
     EXIT_OK,
@@ -25,11 +26,11 @@ from ._common import (
     last_writer,
     log_created,
     note_unrecorded,
+    open_log,
     opt_str,
     plural,
     problem_json,
     scan,
-    segment_names,
     short,
     table,
     torn_json,
@@ -116,15 +117,15 @@ def recovery_json(rec: Recovery, now: float) -> dict[str, Any]:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     path: str = args.path
-    names = segment_names(path)
+    directory, fs, names = open_log(path, args.archive)
     if args.execution_id:
-        return _inspect_execution(path, names, args.execution_id, args.json)
-    log_scan, records = scan(path, names, desc="rebuilding")
+        return _inspect_execution(path, names, args.execution_id, args.json, directory, fs)
+    log_scan, records = scan(directory, names, desc="rebuilding", fs=fs)
     state = RecoveryState()
     feed(path, log_scan, records, state)
     rec = snapshot(path, state)
     now = time.time()
-    created = log_created(path, names)
+    created = log_created(directory, names, fs)
     report: dict[str, Any] = {
         "schema": "walj.inspect/2",
         "path": path,
@@ -238,11 +239,12 @@ def _turn_effect(sequence: int, tool_bearing: bool, blocking: set[int | None]) -
 # --- one execution --------------------------------------------------------------------------
 
 
-def _inspect_execution(path: str, names: list[str], wanted: str, as_json: bool) -> int:
+def _inspect_execution(path: str, names: list[str], wanted: str, as_json: bool,
+                       directory: str, fs: FileSystem) -> int:
     """Every record of one execution (its id, or a unique prefix of at least 6 characters)."""
     if len(wanted) < 6:
         raise CliError("give the execution id, or a unique prefix of at least 6 characters")
-    log_scan, records = scan(path, names, desc="searching")
+    log_scan, records = scan(directory, names, desc="searching", fs=fs)
     state = RecoveryState()
     found: list[tuple[int, dict[str, Any]]] = []
     ids: set[str] = set()

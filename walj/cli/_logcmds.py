@@ -22,6 +22,7 @@ from ._common import (
     duration,
     emit_json,
     log_created,
+    open_log,
     opt_str,
     plural,
     problem_json,
@@ -59,8 +60,8 @@ def quarantine_entries(path: str) -> list[dict[str, Any]]:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     path: str = args.path
-    names = segment_names(path)
-    log_scan, records = scan(path, names, desc="verifying")
+    directory, fs, names = open_log(path, args.archive)
+    log_scan, records = scan(directory, names, desc="verifying", fs=fs)
     for _ in records:
         pass
     torn = log_scan.torn_tail
@@ -74,7 +75,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         "records": log_scan.records,
         "last_seq": log_scan.last_seq,
         "segments": list(log_scan.segments),
-        "bytes": segment_bytes(path, names),
+        "bytes": segment_bytes(directory, names, fs),
         "torn_tail": torn_json(torn),
         "problems": [problem_json(p) for p in log_scan.problems],
         "quarantine": quarantine_entries(path),
@@ -107,8 +108,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
                 for p in log_scan.problems]
         lines += table(("FILE", "OFFSET", "SEQ", "KIND", "DETAIL"), rows, right=(1, 2))
         lines.append("")
-        lines.append(f"`walj repair {path}` cuts the damaged suffix into quarantine/ "
-                     "(see --dry-run first).")
+        if "://" in path:  # an archive is never repaired in place
+            lines.append("`walj archive SESSION_DIR --to ARCHIVE` writes again every archived "
+                         "segment the session still holds that does not match it.")
+        else:
+            lines.append(f"`walj repair {path}` cuts the damaged suffix into quarantine/ "
+                         "(see --dry-run first).")
     write_lines(lines)
     return EXIT_OK if ok else EXIT_PROBLEMS
 

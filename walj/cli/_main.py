@@ -20,7 +20,7 @@ from ._common import (
 )
 
 READ_COMMANDS = ("verify", "inspect", "dump", "tail", "timeline", "stats", "sweep")
-WRITE_COMMANDS = ("resolve", "repair", "demo")
+WRITE_COMMANDS = ("resolve", "repair", "demo", "archive")
 
 EPILOG = """\
 exit codes: 0 clean or done; 1 problems found (damage, a blocked journal, a refused write);
@@ -36,6 +36,12 @@ class _Parser(argparse.ArgumentParser):
 
 def _json_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the documented JSON schema")
+
+
+def _archive_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--archive", metavar="URL", help="the archive PATH was shipped to: read its "
+                   "archived segments, then PATH's own (PATH may also be an archived "
+                   "session's URL itself)")
 
 
 def _kinds(p: argparse.ArgumentParser) -> None:
@@ -65,6 +71,7 @@ def build_parser(prog: str = "walj") -> argparse.ArgumentParser:
     p = sub.add_parser("verify", help="check checksums, seqs, headers, seals and the seal chain")
     p.add_argument("path", metavar="PATH")
     p.add_argument("--strict", action="store_true", help="count a torn tail as a problem")
+    _archive_flag(p)
     _json_flag(p)
 
     p = sub.add_parser("inspect", help="the recovery state: blockers, incomplete turns, "
@@ -72,12 +79,14 @@ def build_parser(prog: str = "walj") -> argparse.ArgumentParser:
     p.add_argument("path", metavar="PATH")
     p.add_argument("execution_id", metavar="EXECUTION_ID", nargs="?",
                    help="show every record of this execution (id or unique prefix)")
+    _archive_flag(p)
     _json_flag(p)
 
     p = sub.add_parser("dump", help="records in order")
     p.add_argument("path", metavar="PATH")
     p.add_argument("--from-seq", type=int, default=0, metavar="N")
     p.add_argument("--to-seq", type=int, default=None, metavar="N")
+    _archive_flag(p)
     _kinds(p)
     p.add_argument("--json", action="store_true", help="JSON Lines: {\"seq\", \"data\"} per line")
 
@@ -124,6 +133,15 @@ def build_parser(prog: str = "walj") -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="show the cut, change nothing")
     _json_flag(p)
 
+    p = sub.add_parser("archive", help="copy sealed segments to URL/<log id>/ and verify "
+                       "each copy; never deletes")
+    p.add_argument("path", metavar="SESSION_DIR")
+    p.add_argument("--to", required=True, metavar="URL",
+                   help="s3://bucket/prefix, file:///path, a local path, or any fsspec URL")
+    p.add_argument("--recheck", action="store_true",
+                   help="read every archived copy back in full, not just its size and ends")
+    _json_flag(p)
+
     p = sub.add_parser("demo", help="crash an agent mid-tool, then inspect, resolve, resume")
     p.add_argument("dir", metavar="DIR", nargs="?", help="where to leave it (default: new "
                    "temporary directory)")
@@ -151,6 +169,10 @@ def _command(name: str) -> Callable[[argparse.Namespace], int]:
         from ._sweep import cmd_sweep
 
         return cmd_sweep
+    if name == "archive":
+        from ._archive import cmd_archive
+
+        return cmd_archive
     if name in ("resolve", "repair"):
         from . import _write
 

@@ -25,6 +25,7 @@ from ._common import (
     clock,
     int_list,
     json_text,
+    open_log,
     plural,
     printable,
     scan,
@@ -178,8 +179,8 @@ def cmd_dump(args: argparse.Namespace) -> int:
     path: str = args.path
     if args.from_seq < 0 or (args.to_seq is not None and args.to_seq < args.from_seq):
         raise CliError("--from-seq must be >= 0 and --to-seq >= --from-seq")
-    names = segment_names(path)
-    log_scan, records = scan(path, names, start_seq=args.from_seq, desc="dumping")
+    directory, fs, names = open_log(path, args.archive)
+    log_scan, records = scan(directory, names, start_seq=args.from_seq, desc="dumping", fs=fs)
     printer = Printer(args.json, args.kind)
     batch: list[tuple[int, bytes]] = []
     for seq, raw in records:

@@ -13,6 +13,7 @@ from typing import Any
 from ..errors import UnsupportedVersionError, WaljError
 from ..journal._recovery import RecoveryState
 from ..log import _format as fmt
+from ..log._fs import DEFAULT_FS, FileSystem
 from ..log._scan import LogScan
 from ._common import (
     EXIT_OK,
@@ -85,10 +86,11 @@ def _entry(path: str, status: str, **fields: Any) -> dict[str, Any]:
     return entry
 
 
-def check_log(path: str) -> dict[str, Any]:
+def check_log(path: str, fs: FileSystem = DEFAULT_FS) -> dict[str, Any]:
     """Verify one log and rebuild its recovery state with the journal's own code. Never raises:
-    whatever goes wrong is the log's status. Runs in a worker process."""
-    log_scan = LogScan(path, mode="salvage")
+    whatever goes wrong is the log's status. Runs in a worker process (or, for an archived
+    session read through `fs`, a thread)."""
+    log_scan = LogScan(path, mode="salvage", fs=fs)
     state = RecoveryState()
     feeding = True
     journal_error: tuple[str, str] | None = None  # (status, detail)
@@ -109,6 +111,9 @@ def check_log(path: str) -> dict[str, Any]:
     except OSError as exc:
         reason = "permission denied" if isinstance(exc, PermissionError) else exc.strerror
         return _entry(path, "unreadable", detail=f"{exc.filename or path}: {reason}")
+    finish = getattr(fs, "finish", None)
+    if finish is not None:
+        finish(log_scan)
     problems = log_scan.problems
     try:
         if feeding and not plain and state.records:
@@ -177,15 +182,58 @@ def _progress(total: int) -> Callable[[Iterable[dict[str, Any]]], Iterator[dict[
     return bar
 
 
+def check_archived(url: str) -> dict[str, Any]:
+    """`check_log` of one archived session, read through an archive view. Never raises."""
+    from ..archive._view import open_view
+
+    try:
+        view = open_view(url)
+        entry = check_log(view.directory, view)
+    except (OSError, WaljError) as exc:
+        return _entry(url, "unreadable", detail=f"{url}: {exc}")
+    entry["path"] = url
+    return entry
+
+
+def archived_logs(root: str) -> list[str]:
+    """The archived sessions under an archive root URL, for `walj sweep URL`."""
+    from ..archive import ArchiveError, archived_sessions
+
+    try:
+        return archived_sessions(root)
+    except (ArchiveError, ImportError) as exc:
+        raise CliError(str(exc)) from None
+
+
+def check_archived_logs(urls: list[str], jobs: int) -> list[dict[str, Any]]:
+    # Threads, not processes: reading objects waits on the network, not on the CPU.
+    if jobs <= 1 or len(urls) <= 1:
+        return [check_archived(url) for url in urls]
+    with ThreadPoolExecutor(max_workers=min(jobs, len(urls))) as pool:
+        return list(pool.map(check_archived, urls))
+
+
+def _relative(path: str, root: str) -> str:
+    if "://" in root:
+        return path[len(root.rstrip("/")) + 1:] if path.startswith(root.rstrip("/")) else path
+    return os.path.relpath(path, root)
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     root: str = args.root
     jobs = args.jobs if args.jobs is not None else min(8, os.cpu_count() or 1)
     if jobs < 1:
         raise CliError("--jobs must be at least 1")
-    logs, unreadable = find_logs(root)
+    if "://" in root:
+        logs, unreadable = archived_logs(root), list[dict[str, Any]]()
+    else:
+        logs, unreadable = find_logs(root)
     if not logs and not unreadable:
         raise CliError(f"{root} holds no walj log (no directory with seg-*.jsonl segments)")
-    results = run_checks(logs, jobs, _progress(len(logs))) + unreadable
+    if "://" in root:
+        results = check_archived_logs(logs, jobs) + unreadable
+    else:
+        results = run_checks(logs, jobs, _progress(len(logs))) + unreadable
     results.sort(key=lambda e: e["path"])
     counts = {status: 0 for status in STATUSES}
     for entry in results:
@@ -199,7 +247,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     summary = ", ".join(f"{counts[s]} {s}" for s in STATUSES if counts[s] or s == "clean")
     lines = [f"{root}: {plural(len(results), 'log')}: {summary}"]
     if shown:
-        rows = [(os.path.relpath(e["path"], root), e["status"].upper() if e["status"] != "clean"
+        rows = [(_relative(e["path"], root), e["status"].upper() if e["status"] != "clean"
                  else "clean", e["records"], len(e["blockers"]), e["problem_count"],
                  short(e["detail"], 80)) for e in shown]
         lines += [""] + table(("LOG", "STATUS", "RECORDS", "BLOCKERS", "PROBLEMS", "DETAIL"),
