@@ -1,12 +1,17 @@
 """walj: crash-safe tool execution for AI agents on a checksummed, segmented JSONL log.
 
 Three layers, imported one way only: walj.log (storage) -> walj.journal (the tool-execution
-contract) -> walj.cli (and the integrations and archival to come). Beside them sit the pieces
-every layer shares: walj.errors (every error walj raises) and walj._codec (what a storable
-JSON value is). Every public name is imported here.
+contract) -> walj.cli, walj.integrations and walj.archive. Beside them sit the pieces every
+layer shares: walj.errors (every error walj raises) and walj._codec (what a storable JSON value
+is). Every public name is imported here; `read` and `verify` also take an archive's URL, which
+they hand to walj.archive (fsspec is imported only when a URL that needs it is read).
 """
 
 from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
 
 from .errors import (
     ClosedError,
@@ -19,7 +24,51 @@ from .errors import (
     UnsupportedVersionError,
     WaljError,
 )
-from .log import Log, Record, VerifyReport, read, verify
+from .log import Log, Record, VerifyReport
+from .log import read as _read_local
+from .log import verify as _verify_local
+
+
+def read(
+    path: str | os.PathLike[str],
+    start_seq: int = 0,
+    *,
+    recovery: str = "tolerate_tail",
+    archive: str | os.PathLike[str] | None = None,
+    storage_options: dict[str, Any] | None = None,
+    **private: Any,
+) -> Iterator[Record]:
+    """Yield the log's records in order from `start_seq`, taking no lock. `path` is a log
+    directory, or the URL of an archived session (`s3://bucket/prefix/<log_id>`, `file://...`,
+    any fsspec URL); with `archive=URL`, the archive's segments of the session at `path` come
+    first and its local segments continue them, the seal chain checked across the two."""
+    from . import archive as archives
+
+    if archive is not None or archives.is_url(path):
+        return archives.read(archive if archive is not None else path, start_seq,
+                             local=path if archive is not None else None, recovery=recovery,
+                             storage_options=storage_options)
+    return _read_local(path, start_seq, recovery=recovery, **private)
+
+
+def verify(
+    path: str | os.PathLike[str],
+    *,
+    archive: str | os.PathLike[str] | None = None,
+    storage_options: dict[str, Any] | None = None,
+    **private: Any,
+) -> VerifyReport:
+    """Check every checksum, seq, seal and header without changing anything: of the log
+    directory at `path`, of an archived session at a URL, or (`archive=URL`) of the archive's
+    segments of the session at `path` followed by its local ones."""
+    from . import archive as archives
+
+    if archive is not None or archives.is_url(path):
+        return archives.verify(archive if archive is not None else path,
+                               local=path if archive is not None else None,
+                               storage_options=storage_options)
+    return _verify_local(path, **private)
+
 
 __version__ = "0.1.0"
 

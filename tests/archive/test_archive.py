@@ -51,6 +51,24 @@ def test_ship_verify_delete_locally_read_back(archive: Archive, tmp_path: Path) 
     assert not walj.verify(session).ok
 
 
+def test_walj_read_and_verify_take_an_archive_url(archive: Archive, tmp_path: Path) -> None:
+    """The top-level names route a URL, and `archive=`, to walj.archive: the same records and
+    the same report as walj.archive's own calls; a plain directory still reads locally."""
+    session = tmp_path / "s"
+    records = make_session(session)
+    url = archive_mod.ship(session, archive.url).url
+    assert datas(walj.read(url)) == datas(archive_mod.read(url))
+    assert walj.verify(url).segments == archive_mod.verify(url).segments
+    for seg in segments(session)[:-1]:
+        seg.unlink()
+    assert datas(walj.read(session, archive=archive.url)) == records
+    assert [r.seq for r in walj.read(session, 5, archive=archive.url)][0] == 5
+    both = walj.verify(session, archive=archive.url)
+    assert both.ok and both.records == len(records)
+    # Without the archive, the local tail alone starts mid-chain: the plain path is local.
+    assert not walj.verify(session).ok
+
+
 def test_ship_is_idempotent_and_resumes(archive: Archive, tmp_path: Path) -> None:
     session = tmp_path / "s"
     records = make_session(session, 30)
