@@ -210,7 +210,8 @@ class Turn(TurnSlot):
         core = self._core
         if inspect.iscoroutinefunction(prep.tool.handler):
             raise TypeError(f"tool {name!r} is async: use `await turn.adispatch(...)`")
-        if not prep.call_id_generated:  # before the blocked check: answering runs nothing
+        # Before the blocked check: answering from the record runs nothing.
+        if not prep.call_id_generated and _replay.may_answer(core, prep.call_id):
             replayed = _replay.answer(core, prep.context, prep.arguments)
             if replayed is not None:
                 return replayed
@@ -252,7 +253,9 @@ class Turn(TurnSlot):
         prep = self._prepare(name, arguments, call_id, handler)
         core = self._core
         loop = asyncio.get_running_loop()
-        if not prep.call_id_generated:  # before the blocked check: answering runs nothing
+        # Before the blocked check: answering from the record runs nothing. A call id never
+        # settled (the common case) costs no trip to a worker thread.
+        if not prep.call_id_generated and _replay.may_answer(core, prep.call_id):
             replayed: ToolResult | None = await in_worker(_replay.answer, core, prep.context,
                                                           prep.arguments)
             if replayed is not None:
