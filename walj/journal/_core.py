@@ -5,11 +5,18 @@ private attributes; ToolJournal is the public face that owns one."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Generator, Mapping
+from typing import Any, cast
 
-from ..errors import ClosedError, PoisonedError, RecordTooLargeError, SerializationError, TurnError
-from ..log import Log, read
+from ..errors import (
+    ClosedError,
+    CorruptionError,
+    PoisonedError,
+    RecordTooLargeError,
+    SerializationError,
+    TurnError,
+)
+from ..log import Log, Record, read
 from . import _damage, _writes
 from . import _records as rc
 from ._fingerprint import Redactor
@@ -38,7 +45,8 @@ class Core:
 
     def __init__(self, log: Log, state: RecoveryState, tools: dict[str, Tool], *,
                  arguments_chars: int, output_chars: int, redactor: Redactor,
-                 store_arguments: bool, block_on_pending_llm_calls: bool) -> None:
+                 store_arguments: bool, block_on_pending_llm_calls: bool,
+                 stored_output_limit: int | None = None, read_options: Any = None) -> None:
         self.log = log
         self.log_id = log.log_id
         self.state = state
@@ -48,6 +56,10 @@ class Core:
         self.redactor = redactor
         self.store_arguments = store_arguments
         self.block_on_pending_llm_calls = block_on_pending_llm_calls
+        # The largest output (in JSON bytes) an ok call's terminal record stores, or None when
+        # outputs are not stored.
+        self.stored_output_limit = stored_output_limit
+        self.read_options: dict[str, Any] = dict(read_options or {})  # for walj.read
         self.write_lock = threading.RLock()
         self.lock = threading.Lock()
         self.resolve_lock = threading.Lock()
@@ -133,7 +145,7 @@ class Core:
         or may not have written is then in the state exactly when it is in the file."""
         if self.unknown_state is not None:
             return
-        state = RecoveryState()
+        state = RecoveryState(self.state.calls.window)
         try:
             for record in read(self.log.path):
                 state.feed(record.seq, record.data)
@@ -145,6 +157,33 @@ class Core:
             raise
         with self.lock:
             self.state = state
+
+    def read_record(self, seq: int) -> dict[str, Any]:
+        """The journal record at `seq`, read back from the log (a replay's settled call)."""
+        # Closed here, not left to the garbage collector, where an interrupt in its cleanup
+        # would be swallowed.
+        records = cast("Generator[Record, None, None]", read(self.log.path, seq,
+                                                             **self.read_options))
+        try:
+            record = next(records, None)
+        finally:
+            records.close()
+        if record is not None and record.seq == seq and isinstance(record.data, dict):
+            return record.data
+        raise CorruptionError(f"journal record {seq} could not be read back", seq=seq,
+                              kind="journal_record")
+
+    def name_session(self, session_id: str) -> None:
+        """Record the session id once (session_named); a journal recorded under another id is
+        refused with ValueError, so two ids can never share one journal unnoticed."""
+        with self.write_lock:
+            self.check_open()
+            recorded = self.state.session_id
+            if recorded is None:
+                self.write(_writes.session_named(session_id), durable=True)
+            elif recorded != session_id:
+                raise ValueError(f"the journal in {str(self.log.path)!r} belongs to session "
+                                 f"{recorded!r}, not {session_id!r}")
 
     def record_cuts(self) -> None:
         """On open: a durable log_cut record for each cut in quarantine/ not yet recorded, so a
@@ -206,7 +245,14 @@ class Core:
             self.write_settlements()
             if execution_id not in self.state.executions:
                 return  # a queued copy (its caller was cancelled) landed first
-            self.write(record, durable=True, on_fed=lambda seq: self.live.discard(execution_id))
+            try:
+                self.write(record, durable=True,
+                           on_fed=lambda seq: self.live.discard(execution_id))
+            except RecordTooLargeError:  # refused before anything was written
+                if "output" not in record:
+                    raise
+                self.write(_writes.without_output(record), durable=True,
+                           on_fed=lambda seq: self.live.discard(execution_id))
 
     def settle_later(self, execution_id: str, record: dict[str, Any]) -> None:
         """Without waiting for any lock but the state's: the execution leaves the live set now

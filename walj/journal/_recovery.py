@@ -10,91 +10,45 @@ from typing import Any
 
 from ..errors import CorruptionError, UnsupportedVersionError
 from . import _records as r
+from ._callindex import DEFAULT_REPLAY_WINDOW, CallIndex, call_key, raw_call_key
 from ._damage import CutLedger
 from ._decode import decode_record as decode_record
 from ._decode import show, time_of, turn_number
+from ._openwork import OpenExecution, OpenTurn
 from ._records import Blocker as Blocker
 from ._records import IncompleteTurn as IncompleteTurn
 from ._records import PendingLLMCall as PendingLLMCall
 from ._records import Recovery as Recovery
 from ._records import Resolution as Resolution
 
+
 # Byte prefixes of the commonest records, read without a full decode; the journal writes
 # kind, version and the subject's id first so these match. Anything else takes the general
 # path, which decodes the record and checks every field it uses.
-_FINISHED_PREFIX = b'{"kind":"%s","version":%d,"execution_id":"' % (
-    r.FINISHED.encode(), r.CONTRACT_VERSION)
-_STARTED_PREFIX = b'{"kind":"%s","version":%d,"execution_id":"' % (
-    r.STARTED.encode(), r.CONTRACT_VERSION)
-_TURN_COMPLETED_PREFIX = b'{"kind":"%s","version":%d,' % (
-    r.TURN_COMPLETED.encode(), r.CONTRACT_VERSION)
-_TURN_STARTED_PREFIX = b'{"kind":"%s","version":%d,"turn_sequence":' % (
-    r.TURN_STARTED.encode(), r.CONTRACT_VERSION)
+def _prefixes(kind: str, then: bytes) -> tuple[bytes, ...]:
+    """A kind's byte prefix in every supported version (one digit each: the same length)."""
+    return tuple(b'{"kind":"%s","version":%d,%s' % (kind.encode(), version, then)
+                 for version in sorted(r.SUPPORTED_VERSIONS))
+
+
+_FINISHED_PREFIX = _prefixes(r.FINISHED, b'"execution_id":"')
+_STARTED_PREFIX = _prefixes(r.STARTED, b'"execution_id":"')
+_TURN_COMPLETED_PREFIX = _prefixes(r.TURN_COMPLETED, b"")
+_TURN_STARTED_PREFIX = _prefixes(r.TURN_STARTED, b'"turn_sequence":')
 _TIME_FIELD = b',"at":'
 _ID_LEN = 32
-_FIN_ID = len(_FINISHED_PREFIX)
+_FIN_ID = len(_FINISHED_PREFIX[0])
 _FIN_ID_END = _FIN_ID + _ID_LEN
-_START_ID = len(_STARTED_PREFIX)
+_FIN_BLOCKED = b',"outcome":"blocked"'
+_FIN_OUTCOME_WINDOW = 64  # the id's closing quote, its time, then the outcome
+_START_ID = len(_STARTED_PREFIX[0])
 _START_ID_END = _START_ID + _ID_LEN
 # Where an intent names its turn: after its id, its time (at most 30 bytes of a JSON number
 # walj writes) and the field name, so well inside this window.
 _START_TURN_WINDOW = 96
-_TURN_NO = len(_TURN_STARTED_PREFIX)
+_TURN_NO = len(_TURN_STARTED_PREFIX[0])
 _QUOTE = ord('"')
 _JSON_NUMBER = re.compile(rb"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
-
-
-class OpenExecution:
-    """A started execution with no terminal record and no resolution. The started record may be
-    kept as its JSON bytes and decoded only when someone looks: most executions finish first."""
-
-    __slots__ = ("_raw", "_record", "seq", "turn", "open_turn", "state", "error_type",
-                 "reconcile_error")
-
-    def __init__(self, record: Mapping[str, Any] | bytes, seq: int, turn: int | None,
-                 open_turn: OpenTurn | None = None) -> None:
-        self._raw: bytes | None = record if isinstance(record, bytes) else None
-        self._record: Mapping[str, Any] | None = None if isinstance(record, bytes) else record
-        self.seq = seq
-        self.turn = turn
-        self.open_turn = open_turn  # its turn while that is open, to count it there
-        self.state = r.STATE_STARTED
-        self.error_type: str | None = None
-        self.reconcile_error: str | None = None
-
-    @property
-    def record(self) -> Mapping[str, Any]:
-        if self._record is None:
-            assert self._raw is not None
-            try:
-                record = decode_record(self._raw)
-            except ValueError as exc:
-                raise CorruptionError(f"journal record {self.seq} is not JSON: {exc}",
-                                      seq=self.seq, kind="journal_record") from None
-            if not isinstance(record, dict):
-                raise CorruptionError(f"journal record {self.seq} is not a JSON object",
-                                      seq=self.seq, kind="journal_record")
-            self._record, self._raw = record, None
-        return self._record
-
-
-class OpenTurn:
-    __slots__ = ("sequence", "seq", "started_at", "started", "unfinished", "resolved", "tag")
-
-    def __init__(self, sequence: int, seq: int, started_at: float | None) -> None:
-        self.sequence = sequence
-        self.tag = b',"turn_sequence":%d,' % sequence  # how its executions' started records name it
-        self.seq = seq
-        self.started_at = started_at
-        self.started = 0  # executions started in it
-        self.unfinished = 0  # of those, how many never got tool_execution_finished
-        self.resolved = False
-
-    @property
-    def interrupted(self) -> bool:
-        """Tool-bearing, every execution finished, yet no turn_completed. A turn with an
-        unfinished execution is settled through that execution's blocker instead."""
-        return self.started > 0 and self.unfinished == 0 and not self.resolved
 
 
 def _time(record: Mapping[str, Any]) -> float | None:
@@ -110,11 +64,15 @@ class RecoveryState:
     """Feed every record in log order (`feed` or `feed_json`), then take a `snapshot`.
 
     Memory is bounded by what is open: executions without a terminal record, turns without a
-    completion, pending LLM calls, and resolutions. Finished work is forgotten as it closes.
+    completion, pending LLM calls, and resolutions. Finished work is forgotten as it closes,
+    but for the replay index, itself bounded (CallIndex: the last `replay_window` settled
+    caller-given call ids).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, replay_window: int = DEFAULT_REPLAY_WINDOW) -> None:
         self.executions: dict[str, OpenExecution] = {}
+        self.calls = CallIndex(replay_window)  # settled caller-given call ids, for replay
+        self.session_id: str | None = None
         self.turns: dict[int, OpenTurn] = {}
         self.turn_stack: list[int] = []  # unpaired turn starts, oldest first
         self.llm_calls: dict[str, tuple[Mapping[str, Any], int]] = {}
@@ -135,7 +93,8 @@ class RecoveryState:
             r.RESOLVED: self._resolved, r.RECONCILE_FAILED: self._reconcile_failed,
             r.LLM_STARTED: self._llm_started, r.LLM_FINISHED: self._llm_finished,
             r.LLM_RESOLVED: self._llm_resolved, r.LOG_CUT: self.cuts.log_cut,
-            r.LOG_CUT_RESOLVED: self._cut_resolved,
+            r.LOG_CUT_RESOLVED: self._cut_resolved, r.REPLAYED: self._ignore,
+            r.REFUSED: self._ignore, r.SESSION_NAMED: self._session_named,
         }
 
     # --- feeding --------------------------------------------------------------------------------
@@ -147,8 +106,19 @@ class RecoveryState:
                 self.records += 1
                 self.last_seq = seq
                 execution = self.executions.pop(data[_FIN_ID:_FIN_ID_END].decode("latin-1"), None)
-                if execution is not None and execution.open_turn is not None:
-                    execution.open_turn.unfinished -= 1
+                if execution is not None:
+                    if execution.open_turn is not None:
+                        execution.open_turn.unfinished -= 1
+                    raw = execution._raw  # _index, inlined: this is the rebuild's hot path
+                    key = raw_call_key(raw) if raw is not None else False
+                    if key is False:
+                        key = call_key(execution.record)
+                    if key is not None:
+                        if data.find(_FIN_BLOCKED, _FIN_ID_END,
+                                     _FIN_ID_END + _FIN_OUTCOME_WINDOW) < 0:
+                            self.calls.settle(key[0], key[1], seq)
+                        else:  # a guard's ToolBlocked: the call never ran
+                            self.calls.unsettle(key[0])
                 return
         elif data.startswith(_STARTED_PREFIX):
             # The journal dispatches only in its one live turn, the latest started: check for
@@ -278,14 +248,28 @@ class RecoveryState:
             execution.open_turn = turn
 
     def _finished(self, seq: int, record: Mapping[str, Any]) -> None:
-        self._close_execution(self._id(seq, record))
-
-    def _close_execution(self, execution_id: str) -> None:
-        execution = self.executions.pop(execution_id, None)
+        execution = self.executions.pop(self._id(seq, record), None)
         if execution is None:
             return  # never a second terminal record: a finish after a resolution changes nothing
         if execution.open_turn is not None:
             execution.open_turn.unfinished -= 1
+        # A guard's ToolBlocked ends a call that never ran: not a settled call.
+        self._index(execution, seq, record.get("outcome") != "blocked")
+
+    def _index(self, execution: OpenExecution, seq: int, settled: bool) -> None:
+        """Index (or, when it did not take effect, un-index) a caller-given call id."""
+        key = raw_call_key(execution._raw) if execution._raw is not None else False
+        if key is False:
+            key = call_key(execution.record)
+        if not key:
+            return
+        if settled:
+            self.calls.settle(key[0], key[1], seq)
+        else:
+            self.calls.unsettle(key[0])
+
+    def _session_named(self, seq: int, record: Mapping[str, Any]) -> None:
+        self.session_id = self._text(seq, record, "session_id")
 
     def _ambiguous(self, seq: int, record: Mapping[str, Any]) -> None:
         execution = self.executions.get(self._id(seq, record))
@@ -306,6 +290,7 @@ class RecoveryState:
         # Checked before the execution is closed: a malformed settlement settles nothing.
         outcome, actor = self._text(seq, record, "outcome"), self._text(seq, record, "actor")
         del self.executions[execution_id]
+        self._index(execution, seq, outcome in r.SETTLED_RESOLUTIONS)
         # The turn keeps counting this execution as unfinished: its resolution settles the turn.
         self.resolutions.append(
             Resolution("execution", execution_id, execution.turn,
@@ -394,7 +379,8 @@ class RecoveryState:
         return Recovery(blocked=bool(blockers), blockers=tuple(blockers),
                         incomplete_turns=tuple(incomplete), pending_llm_calls=tuple(pending),
                         resolved=tuple(self.resolutions), records=self.records,
-                        last_seq=self.last_seq, cuts=tuple(self.cuts.cuts.values()))
+                        last_seq=self.last_seq, cuts=tuple(self.cuts.cuts.values()),
+                        session_id=self.session_id)
 
     def blocker(self, execution_id: str) -> Blocker:
         """The blocker view of an open execution (KeyError if it is not open)."""
@@ -410,10 +396,11 @@ class RecoveryState:
             reconcile_error=execution.reconcile_error, arguments=record.get("arguments"))
 
 
-def rebuild(records: Iterable[tuple[int, Any]]) -> RecoveryState:
+def rebuild(records: Iterable[tuple[int, Any]],
+            replay_window: int = DEFAULT_REPLAY_WINDOW) -> RecoveryState:
     """Rebuild the state from (seq, record) pairs in log order; a record may be a decoded dict
     or its JSON bytes. This is the one implementation the journal and the forensic tool share."""
-    state = RecoveryState()
+    state = RecoveryState(replay_window)
     for seq, record in records:
         if isinstance(record, (bytes, bytearray, memoryview)):
             state.feed_json(seq, bytes(record))

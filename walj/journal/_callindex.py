@@ -1,0 +1,119 @@
+"""The replay index: which caller-given call ids this journal settled, bounded in memory.
+Standard library only (the forensic tool rebuilds it too)."""
+
+from __future__ import annotations
+
+import re
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any, Literal, NamedTuple
+
+DEFAULT_REPLAY_WINDOW = 10_000
+# The filter of call ids that fell out of the window: 2**23 bits (1 MiB, allocated at the
+# first eviction) and 4 probes. After a million evictions about 2% of new call ids are
+# mistaken for forgotten ones and refused; after 100,000, about 1 in 200,000. The probes come
+# from the str's own hash (cached on it, so cheap): the filter lives only in memory and is
+# rebuilt by every open, so it need not be the same in another process.
+_FILTER_BITS = 2**23
+_FILTER_MASK = _FILTER_BITS - 1
+_PROBES = 4
+
+# How an intent's bytes name its call: the journal writes these fields in this order, and a
+# JSON string cannot hold `,"` unescaped, so the first match is the fields themselves. A call
+# id with an escape in it (a quote, a backslash, a control character) does not match; the
+# intent is then decoded.
+_AFTER_ID = 60  # the kind, the version and the execution id come first
+_CALL_FIELDS = re.compile(rb',"call_id":"([^"\\]*)"(,"call_id_generated":true)?'
+                          rb',"arguments_sha256":"([0-9a-f]{64})"')
+
+
+class SettledCall(NamedTuple):
+    """A settled call in the window: its arguments' fingerprint and the record that settled
+    it (a tool_execution_finished or tool_execution_resolved), read back when replayed."""
+
+    arguments_sha256: str
+    seq: int
+
+
+class Forgotten(NamedTuple):
+    """The call id may have been settled before the window: it is no longer indexed."""
+
+    window: int
+
+
+def call_key(record: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(call id, arguments_sha256) of a decoded intent with a caller-given call id, else None."""
+    call_id, sha = record.get("call_id"), record.get("arguments_sha256")
+    if record.get("call_id_generated") is True or not isinstance(call_id, str) or not call_id:
+        return None
+    return (call_id, sha) if isinstance(sha, str) else None
+
+
+def raw_call_key(data: bytes) -> tuple[str, str] | None | Literal[False]:
+    """As call_key, from an intent's JSON bytes as the journal writes them; False when they
+    are not in that form (the caller then decodes them)."""
+    found = _CALL_FIELDS.search(data, _AFTER_ID)
+    if found is None:
+        return False
+    call_id, generated, sha = found.groups()
+    if generated is not None or not call_id:
+        return None
+    try:
+        return call_id.decode("utf-8"), sha.decode("latin-1")
+    except UnicodeDecodeError:
+        return False
+
+
+class CallIndex:
+    """The last `window` settled calls by call id, oldest first, and a fixed-size filter of
+    the ids that fell out. Memory does not grow with the log."""
+
+    __slots__ = ("window", "settled", "_filter")
+
+    def __init__(self, window: int = DEFAULT_REPLAY_WINDOW) -> None:
+        self.window = window
+        self.settled: OrderedDict[str, SettledCall] = OrderedDict()
+        self._filter: bytearray | None = None
+
+    def settle(self, call_id: str, arguments_sha256: str, seq: int) -> None:
+        settled = self.settled
+        settled.pop(call_id, None)  # to the end: the newest
+        settled[call_id] = (arguments_sha256, seq)  # type: ignore[assignment] # a SettledCall
+        if len(settled) > self.window:
+            self._forget(settled.popitem(last=False)[0])
+
+    def unsettle(self, call_id: str) -> None:
+        """The call did not take effect (not_performed, rerun): it may run afresh."""
+        self.settled.pop(call_id, None)
+
+    def find(self, call_id: str) -> SettledCall | Forgotten | None:
+        found = self.settled.get(call_id)
+        if found is not None:
+            return SettledCall(*found)
+        if self._filter is not None and all(
+                self._filter[bit >> 3] & (1 << (bit & 7)) for bit in _bits(call_id)):
+            return Forgotten(self.window)
+        return None
+
+    def _forget(self, call_id: str) -> None:
+        bits = self._filter
+        if bits is None:
+            bits = self._filter = bytearray(_FILTER_BITS // 8)
+        # _bits, unrolled (the same probes): this runs for every settled call past the
+        # window, on every open.
+        value = hash(call_id) & 0xFFFF_FFFF_FFFF_FFFF
+        bit, step = value & _FILTER_MASK, (value >> 32) | 1
+        bits[bit >> 3] |= 1 << (bit & 7)
+        bit = (bit + step) & _FILTER_MASK
+        bits[bit >> 3] |= 1 << (bit & 7)
+        bit = (bit + step) & _FILTER_MASK
+        bits[bit >> 3] |= 1 << (bit & 7)
+        bit = (bit + step) & _FILTER_MASK
+        bits[bit >> 3] |= 1 << (bit & 7)
+
+
+def _bits(call_id: str) -> list[int]:
+    """The filter's probes for a call id: double hashing over the 64-bit str hash."""
+    value = hash(call_id) & 0xFFFF_FFFF_FFFF_FFFF
+    first, step = value & _FILTER_MASK, (value >> 32) | 1
+    return [(first + i * step) & _FILTER_MASK for i in range(_PROBES)]
