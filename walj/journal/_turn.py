@@ -12,7 +12,7 @@ from types import TracebackType
 from typing import Any, NamedTuple
 
 from ..errors import ToolOutcomeUnknown, TurnError, UnknownToolError
-from . import _writes
+from . import _replay, _writes
 from ._aio import consume, in_worker, submit
 from ._core import Core, TurnSlot
 from ._fingerprint import (
@@ -36,6 +36,7 @@ class _Prepared(NamedTuple):
     digest: Digest
     context: ToolContext
     started: dict[str, Any]
+    call_id_generated: bool  # walj made up the call id: never replayed
 
     @property
     def execution_id(self) -> str:
@@ -153,6 +154,7 @@ class Turn(TurnSlot):
                                         FAST_CANONICAL)
         assert digest.sha256 is not None
         self._calls += 1
+        generated = call_id is None
         if call_id is None:
             # Deterministic, so the idempotency key is too; the turn keeps two turns' n-th
             # calls apart, since the key itself does not depend on the turn.
@@ -162,8 +164,9 @@ class Turn(TurnSlot):
         context = ToolContext(execution_id, key, name, call_id, self.sequence, digest.sha256,
                               core.log_id)
         started = _writes.intent(execution_id, self.sequence, name, call_id, digest, key,
-                                 arguments if core.store_arguments else None)
-        return _Prepared(name, call_id, arguments, tool, digest, context, started)
+                                 arguments if core.store_arguments else None,
+                                 call_id_generated=generated)
+        return _Prepared(name, call_id, arguments, tool, digest, context, started, generated)
 
     def _finish(self, prep: _Prepared, outcome: str, output: Any,
                 exc: BaseException | None) -> tuple[dict[str, Any], ToolResult]:
@@ -171,6 +174,8 @@ class Turn(TurnSlot):
         digest = None if exc is not None else describe_output(
             output, core.output_chars, core.redactor, FAST_CANONICAL)
         record = _writes.finished(prep.execution_id, outcome, digest, exc)
+        if exc is None and core.stored_output_limit is not None:
+            _writes.store_output(record, output, core.stored_output_limit)
         error = record["error"] if exc is not None else None
         result = ToolResult(prep.name, prep.call_id, prep.arguments, output, error, outcome,
                             prep.execution_id)
@@ -205,6 +210,10 @@ class Turn(TurnSlot):
         core = self._core
         if inspect.iscoroutinefunction(prep.tool.handler):
             raise TypeError(f"tool {name!r} is async: use `await turn.adispatch(...)`")
+        if not prep.call_id_generated:  # before the blocked check: answering runs nothing
+            replayed = _replay.answer(core, prep.context, prep.arguments)
+            if replayed is not None:
+                return replayed
         eid = prep.execution_id
         try:
             blockers = core.begin(prep.started, eid)
@@ -243,6 +252,11 @@ class Turn(TurnSlot):
         prep = self._prepare(name, arguments, call_id, handler)
         core = self._core
         loop = asyncio.get_running_loop()
+        if not prep.call_id_generated:  # before the blocked check: answering runs nothing
+            replayed: ToolResult | None = await in_worker(_replay.answer, core, prep.context,
+                                                          prep.arguments)
+            if replayed is not None:
+                return replayed
         eid = prep.execution_id
         # How far it got, for the one handler below: an interrupt may land on any line, and
         # every line from the intent's submission on is covered by it (no gap between blocks).
