@@ -290,6 +290,18 @@ def test_a_conversation_id_that_is_not_a_safe_name(tmp_path: Path) -> None:
     assert kinds(path).count("tool_execution_finished") == 1
 
 
+def test_the_example_runs_offline_and_recovers() -> None:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    done = subprocess.run([sys.executable, str(ROOT / "examples" / "pydantic_ai_agent.py")],
+                          capture_output=True, text=True, cwd=ROOT, timeout=HANG_GUARD,
+                          env=env, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("refund emails sent: 1") == 3
+    assert "walj deferred call_email_1 to a person" in done.stdout
+    assert done.stdout.rstrip().endswith("the run finished")
+
+
 # --- wiring and errors ----------------------------------------------------------------------
 
 
