@@ -236,6 +236,59 @@ def test_a_retry_under_the_same_id_is_a_new_call_not_the_old_error(tmp_path: Pat
 
 
 @needs_replay
+def test_a_resumed_run_gets_a_recorded_retry_as_a_retry_and_a_recorded_error_as_a_failure(
+        tmp_path: Path) -> None:
+    # The whole conversation ran once: a retry, then the corrected call, then an error. Resumed
+    # from the history saved after the first response (as after a crash before the retry was
+    # saved), every call is answered from the journal; no tool runs again.
+    ran: list[int] = []
+
+    def lookup(order: int) -> str:
+        ran.append(order)
+        if order < 0:
+            raise ModelRetry("order must be positive")
+        if order == 13:
+            raise ValueError("order 13 is archived")
+        return f"order {order}"
+
+    def conversation() -> FunctionModel:
+        return scripted([ToolCallPart("lookup", {"order": -1}, tool_call_id="call_1")],
+                        [ToolCallPart("lookup", {"order": 7}, tool_call_id="call_1")],
+                        [ToolCallPart("lookup", {"order": 13}, tool_call_id="call_2")])
+
+    root, history = tmp_path / "sessions", tmp_path / "history"
+    with WaljCapability(root) as capability:
+        agent = Agent(conversation(), capabilities=[capability])
+        agent.tool_plain(lookup)
+        with pytest.raises(ValueError, match="archived"):
+            asyncio.run(pc.run_saving(agent, history, "go", conversation_id="c1"))
+    assert ran == [-1, 7, 13]
+    first_response = next(i for i, m in enumerate(pc.load_history(history))
+                          if isinstance(m, ModelResponse))
+    checkpoint = pc.load_history(history)[:first_response + 1]
+
+    seen: list[list[ModelMessage]] = []
+    replies = [[ToolCallPart("lookup", {"order": 7}, tool_call_id="call_1")],
+               [ToolCallPart("lookup", {"order": 13}, tool_call_id="call_2")]]
+
+    def respond(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        seen.append(list(messages))
+        return ModelResponse(parts=replies.pop(0) if replies else [TextPart("done")])
+
+    with WaljCapability(root) as capability:
+        agent = Agent(FunctionModel(respond), capabilities=[capability])
+        agent.tool_plain(lookup)
+        assert asyncio.run(agent.run(message_history=checkpoint)).output == "done"
+    assert ran == [-1, 7, 13], "a tool ran again"
+    answers = [p for p in pc.tool_returns(seen[-1]) if p.tool_call_id in ("call_1", "call_2")]
+    assert [(p.tool_call_id, p.outcome) for p in answers] == [
+        ("call_1", "retried"), ("call_1", "success"), ("call_2", "failed")]
+    assert "order must be positive" in str(answers[0].content)
+    assert answers[1].content == "order 7"
+    assert "ValueError: order 13 is archived" in str(answers[2].content)
+
+
+@needs_replay
 def test_defer_lets_a_person_answer_and_replay_uses_the_answer(tmp_path: Path) -> None:
     root, history = tmp_path / "sessions", tmp_path / "history"
     ran: list[int] = []
