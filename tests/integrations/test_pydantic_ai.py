@@ -329,6 +329,56 @@ def test_defer_lets_a_person_answer_and_replay_uses_the_answer(tmp_path: Path) -
     assert ran == [7], "the tool ran again"
 
 
+@needs_replay
+def test_a_repeated_call_id_with_other_arguments_is_refused(tmp_path: Path) -> None:
+    # What a model that repeats its ids across runs (TestModel) meets: the second run's call
+    # under the first run's id, with other arguments, is refused and runs nothing.
+    ran: list[int] = []
+
+    def lookup(order: int) -> str:
+        ran.append(order)
+        return f"order {order}"
+
+    with WaljCapability(tmp_path / "sessions") as capability:
+        for order in (1, 2):
+            model = scripted([ToolCallPart("lookup", {"order": order}, tool_call_id="call_x")])
+            agent = Agent(model, capabilities=[capability])
+            agent.tool_plain(lookup)
+            result = asyncio.run(agent.run("go", conversation_id="c1"))
+            assert result.output == "done"
+        journal = capability.journal_for("c1")
+        assert not journal.is_blocked()
+    assert ran == [1]
+    answer = [p for p in pc.tool_returns(result.all_messages()) if p.tool_call_id == "call_x"]
+    assert answer[-1].outcome == "failed"
+    assert "different arguments" in str(answer[-1].content)
+
+
+@needs_replay
+def test_defer_answers_an_interrupted_turn_and_the_new_call_runs(tmp_path: Path) -> None:
+    root, effects, history = run_child(tmp_path, "after_tool")
+    resume(root, effects, pc.load_history(history))  # replay answers the step that died
+    model = scripted([ToolCallPart("send_refund", {"order": 8, "amount": 5},
+                                   tool_call_id="call_second")])
+    with WaljCapability(root, on_blocked="defer") as capability:
+        agent = pc.refund_agent(capability, effects, model=model,
+                                output_type=[str, DeferredToolRequests])
+        paused = asyncio.run(agent.run("and refund order 8", conversation_id=pc.CONVERSATION))
+        requests = paused.output
+        assert isinstance(requests, DeferredToolRequests)
+        [blocker] = requests.metadata["call_second"][METADATA_KEY]["blockers"]
+        assert blocker["state"] == "interrupted_turn"
+        answer = answer_blocked(requests, outcome="succeeded", actor="ann",
+                                note="the first refund's step was answered from the record")
+        done = asyncio.run(agent.run(message_history=paused.all_messages(),
+                                     deferred_tool_results=answer))
+        assert done.output == "done"
+        journal = capability.journal_for(pc.CONVERSATION)
+        assert not journal.is_blocked()
+        assert [r.kind for r in journal.recovery.resolved] == ["turn"]
+    assert effect_lines(effects) == ["refund 7 30", "refund 8 5"]
+
+
 @needs_safe_names
 def test_a_conversation_id_that_is_not_a_safe_name(tmp_path: Path) -> None:
     root = tmp_path / "sessions"
