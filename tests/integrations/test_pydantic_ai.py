@@ -192,6 +192,42 @@ def test_parallel_calls_run_concurrently_in_one_turn(tmp_path: Path) -> None:
     assert [r["kind"] for r in records].count("turn_completed") == 1
 
 
+def test_a_cancelled_run_leaves_what_a_reopen_rebuilds(tmp_path: Path) -> None:
+    entered = asyncio.Event()
+    inside: list[int] = []
+
+    async def slow_refund(order: int) -> str:
+        inside.append(order)
+        if len(inside) == 2:  # both calls are in their tool: cancel now
+            entered.set()
+        await asyncio.Event().wait()  # never set: the run is cancelled here
+        return "unreachable"
+
+    async def cancel_inside_the_tool(agent: Agent[None, Any]) -> None:
+        task = asyncio.ensure_future(agent.run("go"))
+        await entered.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    model = scripted([ToolCallPart("slow_refund", {"order": 7}, tool_call_id="call_slow"),
+                      ToolCallPart("slow_refund", {"order": 8}, tool_call_id="call_other")])
+    journal = walj.ToolJournal.open(tmp_path / "j")
+    try:
+        agent = Agent(model, capabilities=[WaljCapability(journal)])
+        agent.tool_plain(slow_refund)
+        asyncio.run(cancel_inside_the_tool(agent))
+        live = journal.recovery
+    finally:
+        journal.close()
+    with walj.ToolJournal.open(tmp_path / "j") as reopened:
+        rebuilt = reopened.recovery
+    assert live.blocked and sorted(b.call_id or "" for b in live.blockers) == [
+        "call_other", "call_slow"]
+    assert live.blockers == rebuilt.blockers
+    assert live.incomplete_turns == rebuilt.incomplete_turns
+
+
 def test_a_tool_exception_is_recorded_and_raised_as_without_walj(tmp_path: Path) -> None:
     def charge(amount: int) -> str:
         raise ValueError("card declined")
@@ -416,6 +452,11 @@ def test_bad_arguments_are_refused(tmp_path: Path) -> None:
     with walj.ToolJournal.open(tmp_path / "j") as journal, \
             pytest.raises(TypeError, match="already open"):
         WaljCapability(journal, sync="always")
+    for bad, match in (({"outcome": "done", "actor": "ann"}, "outcome must be"),
+                       ({"outcome": "succeeded", "actor": ""}, "actor"),
+                       ({"outcome": "failed", "actor": "ann"}, "needs a note")):
+        with pytest.raises(ValueError, match=match):
+            answer_blocked(DeferredToolRequests(), **bad)
     capability = WaljCapability(tmp_path)
     capability.close()
     with pytest.raises(walj.ClosedError):

@@ -58,6 +58,7 @@ METADATA_KEY = "walj"
 """The key of walj's entry in a deferred call's metadata (`DeferredToolRequests.metadata[id]`),
 and of the person's answer in `DeferredToolResults.metadata[id]`."""
 ACTOR = "walj.integrations.pydantic_ai"
+ANSWER_OUTCOMES = ("succeeded", "failed", "not_performed")
 
 OnBlocked = Literal["fail", "defer"]
 
@@ -123,7 +124,7 @@ class _Session:
     def __init__(self, journal: walj.ToolJournal, owned: bool) -> None:
         self.journal = journal
         self.owned = owned
-        self.turn: Any = None  # a live walj Turn while a CallToolsNode runs
+        self.turn: Any = None  # the live walj turn while a response's calls run
 
 
 class WaljCapability(AbstractCapability[Any]):
@@ -229,22 +230,17 @@ class WaljCapability(AbstractCapability[Any]):
         session = self._session_of(ctx.conversation_id)
         if session.turn is not None:  # a nested step: its calls join the live turn
             return await handler(node)
-        turn = session.journal.turn()
-        await turn.__aenter__()
-        session.turn = turn
-        try:
-            result = await handler(node)
-        except Exception:
-            session.turn = None
-            await turn.__aexit__(None, None, None)
-            raise
-        except BaseException as exc:
-            session.turn = None
-            await turn.__aexit__(type(exc), exc, exc.__traceback__)
-            raise
-        session.turn = None
-        await turn.__aexit__(None, None, None)
-        return result
+        failure: Exception | None = None
+        async with session.journal.turn() as turn:
+            session.turn = turn
+            try:
+                return await handler(node)
+            except Exception as exc:
+                failure = exc  # leave the block normally: the turn is completed
+            finally:
+                session.turn = None
+        assert failure is not None
+        raise failure
 
     # --- calls ----------------------------------------------------------------------------------
 
@@ -340,7 +336,16 @@ def answer_blocked(requests: DeferredToolRequests, *, outcome: str, actor: str,
     "not_performed". When the run re-executes the call, the capability writes that resolution
     (`journal.resolve`, durable, with `actor` and `note`) and dispatches the call again: replay
     answers the interrupted call from the resolution, and a call that was only blocked by
-    another runs once nothing blocks."""
+    another runs once nothing blocks. A bad outcome, actor or note raises ValueError here,
+    before anything is written."""
+    if outcome not in ANSWER_OUTCOMES:
+        raise ValueError(f"outcome must be one of {', '.join(ANSWER_OUTCOMES)}, not {outcome!r}")
+    if not isinstance(actor, str) or not actor:
+        raise ValueError("actor must be a non-empty string: who answers")
+    if outcome == "failed" and not note:
+        raise ValueError("a 'failed' answer needs a note: what failed")
+    if note is not None and not isinstance(note, str):
+        raise ValueError(f"note must be a string or None, not {type(note).__name__}")
     approvals: dict[str, Any] = {}
     metadata: dict[str, dict[str, Any]] = {}
     for part in requests.calls:
@@ -357,5 +362,5 @@ def answer_blocked(requests: DeferredToolRequests, *, outcome: str, actor: str,
     return DeferredToolResults(approvals=approvals, metadata=metadata)
 
 
-__all__ = ["ACTOR", "METADATA_KEY", "WaljCapability", "answer_blocked", "attempt_call_id",
-           "journal_output"]
+__all__ = ["ACTOR", "ANSWER_OUTCOMES", "METADATA_KEY", "WaljCapability", "answer_blocked",
+           "attempt_call_id", "journal_output"]
