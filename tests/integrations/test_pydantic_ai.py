@@ -424,6 +424,7 @@ def test_a_conversation_id_that_is_not_a_safe_name(tmp_path: Path) -> None:
         result = asyncio.run(agent.run("refund order 7", conversation_id=unsafe))
         assert result.output == "success: refunded 30 on order 7"
         path = capability.journal_for(unsafe).path
+        assert capability.journal_for(unsafe).recovery.session_id == unsafe
     assert path == Path(walj.ToolJournal.session_path(root, unsafe))
     assert path.parent == root
     assert kinds(path).count("tool_execution_finished") == 1
