@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import inspect
 import os
 import signal
 import subprocess
@@ -41,15 +40,6 @@ ROOT = Path(__file__).resolve().parents[2]
 CHILD = Path(__file__).resolve().parent / "pydantic_ai_child.py"
 HANG_GUARD = 60.0  # seconds; only stops a broken child from hanging the run
 
-# Replay of settled calls and safe names for any session id: until the journal has them, the
-# tests that need them are skipped.
-needs_replay = pytest.mark.skipif(
-    "store_outputs" not in inspect.signature(walj.ToolJournal.open).parameters,
-    reason="needs the journal's replay of settled calls (ToolJournal.open(store_outputs=...))")
-needs_safe_names = pytest.mark.skipif(
-    not hasattr(walj.ToolJournal, "session_path"),
-    reason="needs the journal's safe names for any session id (ToolJournal.session_path)")
-
 
 def run_child(tmp_path: Path, mode: str) -> tuple[Path, Path, Path]:
     root, effects, history = tmp_path / "sessions", tmp_path / "effects", tmp_path / "history"
@@ -72,9 +62,7 @@ def kinds(path: Path) -> list[str]:
 
 
 def session(root: Path) -> Path:
-    if hasattr(walj.ToolJournal, "session_path"):
-        return Path(walj.ToolJournal.session_path(root, pc.CONVERSATION))
-    return root / pc.CONVERSATION
+    return Path(walj.ToolJournal.session_path(root, pc.CONVERSATION))
 
 
 def resume(root: Path, effects: Path, messages: list[ModelMessage], **options: Any) -> Any:
@@ -91,7 +79,6 @@ def resume(root: Path, effects: Path, messages: list[ModelMessage], **options: A
 # --- the three crash cases ------------------------------------------------------------------
 
 
-@needs_replay
 def test_killed_inside_the_tool_blocks_then_resolve_and_replay_finish_the_run(
         tmp_path: Path) -> None:
     root, effects, history = run_child(tmp_path, "in_tool")
@@ -123,7 +110,6 @@ def test_killed_inside_the_tool_blocks_then_resolve_and_replay_finish_the_run(
     assert "tool_execution_replayed" in kinds(session(root))
 
 
-@needs_replay
 def test_killed_after_the_handler_returned_is_answered_from_the_record(tmp_path: Path) -> None:
     root, effects, history = run_child(tmp_path, "after_tool")
     assert effect_lines(effects) == ["refund 7 30"]
@@ -141,7 +127,6 @@ def test_killed_after_the_handler_returned_is_answered_from_the_record(tmp_path:
         assert [b.state for b in journal.recovery.blockers] == ["interrupted_turn"]
 
 
-@needs_replay
 def test_a_clean_run_writes_no_blocker(tmp_path: Path) -> None:
     root, effects, history = run_child(tmp_path, "clean")
     assert effect_lines(effects) == ["refund 7 30"]
@@ -271,7 +256,6 @@ def test_a_retry_under_the_same_id_is_a_new_call_not_the_old_error(tmp_path: Pat
     assert finished == [("call_same", "error"), ("call_same#retry-1", "ok")]
 
 
-@needs_replay
 def test_a_resumed_run_gets_a_recorded_retry_as_a_retry_and_a_recorded_error_as_a_failure(
         tmp_path: Path) -> None:
     # The whole conversation ran once: a retry, then the corrected call, then an error. Resumed
@@ -324,7 +308,6 @@ def test_a_resumed_run_gets_a_recorded_retry_as_a_retry_and_a_recorded_error_as_
     assert "ValueError: order 13 is archived" in str(answers[2].content)
 
 
-@needs_replay
 def test_defer_lets_a_person_answer_and_replay_uses_the_answer(tmp_path: Path) -> None:
     root, history = tmp_path / "sessions", tmp_path / "history"
     ran: list[int] = []
@@ -365,7 +348,6 @@ def test_defer_lets_a_person_answer_and_replay_uses_the_answer(tmp_path: Path) -
     assert ran == [7], "the tool ran again"
 
 
-@needs_replay
 def test_a_repeated_call_id_with_other_arguments_is_refused(tmp_path: Path) -> None:
     # What a model that repeats its ids across runs (TestModel) meets: the second run's call
     # under the first run's id, with other arguments, is refused and runs nothing.
@@ -390,7 +372,6 @@ def test_a_repeated_call_id_with_other_arguments_is_refused(tmp_path: Path) -> N
     assert "different arguments" in str(answer[-1].content)
 
 
-@needs_replay
 def test_defer_answers_an_interrupted_turn_and_the_new_call_runs(tmp_path: Path) -> None:
     root, effects, history = run_child(tmp_path, "after_tool")
     resume(root, effects, pc.load_history(history))  # replay answers the step that died
@@ -415,7 +396,6 @@ def test_defer_answers_an_interrupted_turn_and_the_new_call_runs(tmp_path: Path)
     assert effect_lines(effects) == ["refund 7 30", "refund 8 5"]
 
 
-@needs_safe_names
 def test_a_conversation_id_that_is_not_a_safe_name(tmp_path: Path) -> None:
     root = tmp_path / "sessions"
     unsafe = "user:42/../../etc"
