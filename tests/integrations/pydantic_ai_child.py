@@ -44,12 +44,10 @@ def tool_returns(messages: list[ModelMessage]) -> list[ToolReturnPart]:
             if isinstance(part, ToolReturnPart)]
 
 
-def refund_model(seen: list[list[ModelMessage]] | None = None) -> FunctionModel:
+def refund_model() -> FunctionModel:
     """Asks for one refund under a fixed id; once it has an answer for it, says so in text."""
 
     def respond(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-        if seen is not None:
-            seen.append(list(messages))
         answers = [p for p in tool_returns(messages) if p.tool_call_id == CALL_ID]
         if not answers:
             return ModelResponse(parts=[ToolCallPart("send_refund", {"order": 7, "amount": 30},

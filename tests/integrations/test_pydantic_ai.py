@@ -65,15 +65,15 @@ def session(root: Path) -> Path:
     return Path(walj.ToolJournal.session_path(root, pc.CONVERSATION))
 
 
-def resume(root: Path, effects: Path, messages: list[ModelMessage], **options: Any) -> Any:
+def resume(root: Path, effects: Path, messages: list[ModelMessage]) -> tuple[Any, list[int]]:
     """A new run of the conversation from `messages`, with no new prompt: Pydantic AI
-    re-executes the last response's unanswered calls under their ids."""
-    seen: list[list[ModelMessage]] = []
-    with WaljCapability(root, **options.pop("capability", {})) as capability:
-        agent = pc.refund_agent(capability, effects, model=pc.refund_model(seen), **options)
+    re-executes the last response's unanswered calls under their ids. Returns the run's
+    result and the orders send_refund ran for in it."""
+    with WaljCapability(root) as capability:
+        agent = pc.refund_agent(capability, effects)
         result = asyncio.run(agent.run(message_history=messages))
         calls = list(agent.refund_calls)  # type: ignore[attr-defined]
-    return result, calls, seen
+    return result, calls
 
 
 # --- the three crash cases ------------------------------------------------------------------
@@ -88,7 +88,7 @@ def test_killed_inside_the_tool_blocks_then_resolve_and_replay_finish_the_run(
     assert isinstance(last, ModelResponse) and last.tool_calls[0].tool_call_id == pc.CALL_ID
 
     # Resumed: Pydantic AI re-executes call_refund; walj blocks it, and the model is told.
-    result, calls, _ = resume(root, effects, checkpoint)
+    result, calls = resume(root, effects, checkpoint)
     assert calls == [] and effect_lines(effects) == ["refund 7 30"]
     assert result.output.startswith("failed: walj blocked tool 'send_refund'")
     with walj.ToolJournal.open(session(root)) as journal:
@@ -101,8 +101,9 @@ def test_killed_inside_the_tool_blocks_then_resolve_and_replay_finish_the_run(
                           capture_output=True, text=True, cwd=ROOT, timeout=HANG_GUARD)
     assert done.returncode == 0, done.stderr
 
-    # Resumed again from the checkpoint: replay answers call_refund from the resolution.
-    result, calls, seen = resume(root, effects, checkpoint)
+    # The app kept its checkpoint while the conversation was blocked; resumed from it again,
+    # Pydantic AI re-executes call_refund, and replay answers it from the resolution.
+    result, calls = resume(root, effects, checkpoint)
     assert calls == [] and effect_lines(effects) == ["refund 7 30"]
     assert result.output.startswith("success: ")
     with walj.ToolJournal.open(session(root)) as journal:
@@ -116,7 +117,7 @@ def test_killed_after_the_handler_returned_is_answered_from_the_record(tmp_path:
     checkpoint = pc.load_history(history)
     assert isinstance(checkpoint[-1], ModelResponse)  # the step's result was never saved
 
-    result, calls, seen = resume(root, effects, checkpoint)
+    result, calls = resume(root, effects, checkpoint)
     assert calls == [], "the handler ran again"
     assert effect_lines(effects) == ["refund 7 30"]
     assert result.output == "success: refunded 30 on order 7"  # the recorded output
