@@ -1,0 +1,366 @@
+"""Pydantic AI tool calls through a walj journal: a capability that runs each tool call as one
+durable execution, keyed by the model's tool-call id.
+
+`WaljCapability(journal_or_root)` goes in `Agent(capabilities=[...])`. Its `wrap_tool_execute`
+dispatches every function-tool call with `turn.adispatch`, so the intent is durable before
+Pydantic AI's own execution (hooks, the tool function) starts, and the outcome before the call
+returns. Its `wrap_node_run` makes one walj turn of each model response's tool calls (one
+`CallToolsNode`), which the calls share while they run concurrently; a response whose step never
+finished (the process died) is an incomplete tool-bearing turn, and blocks after a restart.
+
+Pydantic AI, resumed from a history that ends with a response whose calls were not answered,
+re-executes those calls under the same ids in a new run. walj answers each one that already has
+a terminal record or a resolution from the record (replay), without running the tool again; one
+whose outcome is unknown (the process died inside it) is blocked. A blocked call raises
+`ToolFailed` with walj's message (the model sees it), or, with `on_blocked="defer"`,
+`CallDeferred`, so that a person answers it: see `answer_blocked`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal
+
+import walj
+
+from ._require import require
+
+require("pydantic_ai", "pydantic-ai")  # first: a missing extra is named, not a bare import
+
+from pydantic_ai import CallToolsNode, RunContext  # noqa: E402
+from pydantic_ai.capabilities import AbstractCapability  # noqa: E402
+from pydantic_ai.exceptions import (  # noqa: E402
+    ApprovalRequired,
+    CallDeferred,
+    ModelRetry,
+    ToolFailed,
+)
+from pydantic_ai.messages import ModelRequest, ToolCallPart  # noqa: E402
+from pydantic_ai.tools import (  # noqa: E402
+    DeferredToolRequests,
+    DeferredToolResults,
+    ToolDefinition,
+)
+from pydantic_core import to_jsonable_python  # noqa: E402
+
+if TYPE_CHECKING:
+    from pydantic_ai.capabilities import (
+        AgentNode,
+        NodeResult,
+        WrapNodeRunHandler,
+        WrapToolExecuteHandler,
+    )
+
+METADATA_KEY = "walj"
+"""The key of walj's entry in a deferred call's metadata (`DeferredToolRequests.metadata[id]`),
+and of the person's answer in `DeferredToolResults.metadata[id]`."""
+ACTOR = "walj.integrations.pydantic_ai"
+ANSWER_OUTCOMES = ("succeeded", "failed", "not_performed")
+
+OnBlocked = Literal["fail", "defer"]
+
+
+def attempt_call_id(ctx: RunContext[Any], call: ToolCallPart) -> str:
+    """The walj call id of this attempt at `call`: its tool-call id, and, once the model has
+    been asked to retry that id (`ModelRetry`) and sends it again, `<id>#retry-<n>`.
+
+    Counted from the message history, so a run resumed from it derives the same id for the
+    same attempt (which replay then answers), while a retry under a repeated id (a model that
+    reuses ids, such as `TestModel`) is a new call, not the old error replayed."""
+    retried = 0
+    for message in ctx.messages:
+        if not isinstance(message, ModelRequest):
+            continue
+        for part in message.parts:
+            if getattr(part, "tool_call_id", None) != call.tool_call_id:
+                continue
+            if (getattr(part, "part_kind", None) == "retry-prompt"
+                    or getattr(part, "outcome", None) == "retried"):
+                retried += 1
+    return call.tool_call_id if retried == 0 else f"{call.tool_call_id}#retry-{retried}"
+
+
+def journal_output(value: Any) -> Any:
+    """A tool's return value as JSON, as the journal stores it and replay returns it."""
+    try:
+        return to_jsonable_python(value)
+    except Exception:  # the tool already ran: describe what it gave, whatever it is
+        try:
+            return repr(value)
+        except Exception:
+            return f"<unrepresentable {type(value).__name__}>"
+
+
+def _replayed_error(text: str) -> Exception:
+    """What a replayed error answers: a retry stays a retry, anything else is a failure the
+    model sees (walj keeps the error's text, not the exception object)."""
+    prefix = "ToolRetryError: "
+    if text.startswith(prefix):
+        return ModelRetry(text[len(prefix):])
+    return ToolFailed(
+        f"walj: this call already ran and failed (answered from the journal, not run "
+        f"again): {text}")
+
+
+class _Attempt:
+    """One call's fate, shared by walj's handler and `wrap_tool_execute`."""
+
+    __slots__ = ("ran", "value", "error")
+
+    def __init__(self) -> None:
+        self.ran = False
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+
+class _Session:
+    """One conversation's journal and its live turn (the response whose calls are running)."""
+
+    __slots__ = ("journal", "owned", "turn")
+
+    def __init__(self, journal: walj.ToolJournal, owned: bool) -> None:
+        self.journal = journal
+        self.owned = owned
+        self.turn: Any = None  # the live walj turn while a response's calls run
+
+
+class WaljCapability(AbstractCapability[Any]):
+    """Runs every function-tool call of an agent through a walj journal.
+
+    `journal_or_root`: a `walj.ToolJournal` (every run uses it; one run at a time), or a
+    directory under which each conversation gets its own journal, opened with
+    `ToolJournal.open_session(root, ctx.conversation_id, store_outputs=True, **journal_options)`
+    on its first tool call and kept open until `close()` (or the end of `with`).
+    `on_blocked`: "fail" (a blocked call raises `ToolFailed` with walj's message) or "defer"
+    (it raises `CallDeferred`; the agent's `output_type` must include `DeferredToolRequests`).
+    """
+
+    def __init__(self, journal_or_root: walj.ToolJournal | str | os.PathLike[str], *,
+                 on_blocked: OnBlocked = "fail", **journal_options: Any) -> None:
+        if on_blocked not in ("fail", "defer"):
+            raise ValueError(f"on_blocked must be 'fail' or 'defer', not {on_blocked!r}")
+        self._journal: walj.ToolJournal | None = None
+        self._root: Path | None = None
+        if isinstance(journal_or_root, walj.ToolJournal):
+            if journal_options:
+                raise TypeError("journal options are for a root; this journal is already open")
+            self._journal = journal_or_root
+        elif isinstance(journal_or_root, (str, os.PathLike)):
+            self._root = Path(journal_or_root)
+        else:
+            raise TypeError("journal_or_root must be a walj.ToolJournal or a directory, not "
+                            f"{type(journal_or_root).__name__}")
+        self._options = {"store_outputs": True, **journal_options}
+        self.on_blocked: OnBlocked = on_blocked
+        self._sessions: dict[str | None, _Session] = {}
+        self._closed = False
+
+    @classmethod
+    def get_serialization_name(cls) -> str | None:
+        return None  # built from a journal or a path, not from an agent spec
+
+    def __repr__(self) -> str:
+        where = self._journal if self._journal is not None else str(self._root)
+        return f"<walj.integrations.pydantic_ai.WaljCapability {where!r} {self.on_blocked}>"
+
+    # --- journals -------------------------------------------------------------------------------
+
+    def journal_for(self, conversation_id: str) -> walj.ToolJournal:
+        """The journal of a conversation (the one journal when built with one), opened if
+        needed: for inspecting or resolving what blocks it."""
+        return self._session_of(conversation_id).journal
+
+    def _session_of(self, conversation_id: str | None) -> _Session:
+        if self._closed:
+            raise walj.ClosedError("this WaljCapability was closed")
+        if self._journal is not None:
+            session = self._sessions.get(None)
+            if session is None:
+                session = self._sessions[None] = _Session(self._journal, owned=False)
+            return session
+        if not conversation_id:
+            raise ValueError("the run has no conversation_id; walj keys a journal by it")
+        session = self._sessions.get(conversation_id)
+        if session is None:
+            assert self._root is not None
+            # Opened in the loop's thread, once per conversation: an open interrupted in a
+            # worker thread would leave a journal (and its lock) that nothing closes.
+            journal = walj.ToolJournal.open_session(self._root, conversation_id, **self._options)
+            session = self._sessions[conversation_id] = _Session(journal, owned=True)
+        return session
+
+    def close(self) -> None:
+        """Close every journal this capability opened (not one it was given). Idempotent."""
+        self._closed = True
+        sessions, self._sessions = list(self._sessions.values()), {}
+        errors: list[BaseException] = []
+        for session in sessions:
+            if session.owned:
+                try:
+                    session.journal.close()
+                except walj.WaljError as exc:
+                    errors.append(exc)
+        if errors:
+            raise errors[0]
+
+    def __enter__(self) -> WaljCapability:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        try:
+            self.close()
+        except walj.WaljError:
+            if exc is None:
+                raise
+
+    # --- turns ----------------------------------------------------------------------------------
+
+    async def wrap_node_run(self, ctx: RunContext[Any], *, node: AgentNode[Any],
+                            handler: WrapNodeRunHandler[Any]) -> NodeResult[Any]:
+        """One walj turn around a response's tool calls. Left normally, or by an ordinary
+        exception (every call's outcome is then recorded), the turn is completed; left by an
+        interrupt (a cancelled run) or never left (a crash), it is not, and blocks after a
+        restart as an interrupted turn unless one of its calls already blocks."""
+        if not (isinstance(node, CallToolsNode) and node.model_response.tool_calls):
+            return await handler(node)
+        session = self._session_of(ctx.conversation_id)
+        if session.turn is not None:  # a nested step: its calls join the live turn
+            return await handler(node)
+        failure: Exception | None = None
+        async with session.journal.turn() as turn:
+            session.turn = turn
+            try:
+                return await handler(node)
+            except Exception as exc:
+                failure = exc  # leave the block normally: the turn is completed
+            finally:
+                session.turn = None
+        assert failure is not None
+        raise failure
+
+    # --- calls ----------------------------------------------------------------------------------
+
+    async def wrap_tool_execute(self, ctx: RunContext[Any], *, call: ToolCallPart,
+                                tool_def: ToolDefinition, args: dict[str, Any],
+                                handler: WrapToolExecuteHandler) -> Any:
+        session = self._session_of(ctx.conversation_id)
+        if ctx.tool_call_approved:
+            self._apply_answer(session.journal, ctx.tool_call_metadata)
+        attempt = _Attempt()
+
+        async def run(**_arguments: Any) -> Any:
+            try:
+                value = await handler(args)
+            except (CallDeferred, ApprovalRequired) as exc:
+                # The tool deferred itself: it refused, so the approved re-execution under the
+                # same id runs (a call that only ever blocked is not settled).
+                attempt.error = exc
+                raise walj.ToolBlocked(f"the tool raised {type(exc).__name__}") from exc
+            except Exception as exc:
+                attempt.error = exc
+                raise
+            attempt.ran, attempt.value = True, value
+            return journal_output(value)
+
+        # The model's arguments (JSON), not the validated ones (which may hold objects JSON
+        # cannot store): the same call sent again has the same fingerprint.
+        arguments = call.args_as_dict()
+        call_id = attempt_call_id(ctx, call)
+        tool = walj.Tool(run)
+        if session.turn is not None:
+            done = await session.turn.adispatch(call.tool_name, arguments, call_id=call_id,
+                                                handler=tool)
+        else:  # a call outside a model response's step: a turn of its own
+            async with session.journal.turn() as own:
+                done = await own.adispatch(call.tool_name, arguments, call_id=call_id,
+                                           handler=tool)
+        if attempt.ran:
+            return attempt.value  # what the tool returned, not the journal's JSON copy
+        if attempt.error is not None:
+            raise attempt.error  # recorded; raised as Pydantic AI raises it without walj
+        return self._answer(done)
+
+    def _answer(self, done: walj.ToolResult) -> Any:
+        """The answer to a call walj did not run: blocked, replayed or refused."""
+        if done.outcome == "blocked":
+            message = done.error or "walj blocked this call"
+            if self.on_blocked == "defer":
+                output = done.output if isinstance(done.output, Mapping) else {}
+                raise CallDeferred(metadata={METADATA_KEY: {
+                    "execution_id": done.execution_id,
+                    "call_id": done.call_id,
+                    "message": message,
+                    "blockers": list(output.get("ambiguous_executions") or []),
+                }})
+            raise ToolFailed(message)
+        if done.outcome == "ok":
+            return done.output  # replayed: the stored output, or the resolution's
+        if done.outcome == "error" and done.error:
+            raise _replayed_error(done.error)
+        raise ToolFailed(done.error or f"walj answered {done.outcome!r}; nothing ran")
+
+    def _apply_answer(self, journal: walj.ToolJournal, metadata: Any) -> None:
+        """Write the resolutions a person's answer to a deferred call carries (see
+        `answer_blocked`), for each blocker that still blocks; the call is then dispatched,
+        and replay answers it from the resolution."""
+        answer = metadata.get(METADATA_KEY) if isinstance(metadata, Mapping) else None
+        if not isinstance(answer, Mapping) or "outcome" not in answer:
+            return  # a plain approval: dispatched as is (resolved beforehand, or blocked again)
+        blocking = {b.execution_id for b in journal.recovery.blockers}
+        turns = {b.turn_sequence for b in journal.recovery.blockers
+                 if b.state == "interrupted_turn"}
+        actor, note = answer.get("actor") or ACTOR, answer.get("note")
+        for blocker in answer.get("blockers") or []:
+            if blocker.get("state") == "interrupted_turn":
+                if blocker.get("turn_sequence") in turns:
+                    journal.resolve_turn(blocker["turn_sequence"], actor=actor,
+                                         note=note or "answered through deferred_tool_results")
+            elif blocker.get("execution_id") in blocking:
+                journal.resolve(blocker["execution_id"], answer["outcome"], actor=actor,
+                                note=note, output=answer.get("output"))
+
+
+def answer_blocked(requests: DeferredToolRequests, *, outcome: str, actor: str,
+                   note: str | None = None, output: Any = None,
+                   call_ids: list[str] | None = None) -> DeferredToolResults:
+    """A person's answer to the calls walj deferred (`on_blocked="defer"`): pass it as the
+    next run's `deferred_tool_results`, with the same message history.
+
+    Each walj-deferred call in `requests` (or those in `call_ids`) is approved, carrying a
+    resolution of what blocked it: `outcome` "succeeded" (the interrupted call did take effect;
+    `output` is what the model then gets for it), "failed" (a `note` is required) or
+    "not_performed". When the run re-executes the call, the capability writes that resolution
+    (`journal.resolve`, durable, with `actor` and `note`) and dispatches the call again: replay
+    answers the interrupted call from the resolution, and a call that was only blocked by
+    another runs once nothing blocks. A bad outcome, actor or note raises ValueError here,
+    before anything is written."""
+    if outcome not in ANSWER_OUTCOMES:
+        raise ValueError(f"outcome must be one of {', '.join(ANSWER_OUTCOMES)}, not {outcome!r}")
+    if not isinstance(actor, str) or not actor:
+        raise ValueError("actor must be a non-empty string: who answers")
+    if outcome == "failed" and not note:
+        raise ValueError("a 'failed' answer needs a note: what failed")
+    if note is not None and not isinstance(note, str):
+        raise ValueError(f"note must be a string or None, not {type(note).__name__}")
+    approvals: dict[str, Any] = {}
+    metadata: dict[str, dict[str, Any]] = {}
+    for part in requests.calls:
+        deferred = (requests.metadata.get(part.tool_call_id) or {}).get(METADATA_KEY)
+        if not isinstance(deferred, Mapping):
+            continue  # deferred by something other than walj
+        if call_ids is not None and part.tool_call_id not in call_ids:
+            continue
+        approvals[part.tool_call_id] = True
+        metadata[part.tool_call_id] = {METADATA_KEY: {
+            "outcome": outcome, "actor": actor, "note": note, "output": output,
+            "blockers": list(deferred.get("blockers") or []),
+        }}
+    return DeferredToolResults(approvals=approvals, metadata=metadata)
+
+
+__all__ = ["ACTOR", "ANSWER_OUTCOMES", "METADATA_KEY", "WaljCapability", "answer_blocked",
+           "attempt_call_id", "journal_output"]
