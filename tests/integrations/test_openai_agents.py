@@ -39,6 +39,7 @@ set_tracing_disabled(True)
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 CHILD = HERE / "openai_agents_child.py"
+EXAMPLE = ROOT / "examples" / "openai_agents_agent.py"
 HANG = 120  # seconds: only a guard against a hung child, never what a test checks
 
 
@@ -364,3 +365,9 @@ def test_import_isolation_and_the_missing_extra(monkeypatch: pytest.MonkeyPatch)
     with pytest.raises(ImportError, match=r"pip install 'walj\[openai-agents\]'"):
         importlib.import_module("walj.integrations.openai_agents")
 
+
+def test_the_example_runs(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, str(EXAMPLE)], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=HANG)
+    assert done.returncode == 0, done.stderr
+    assert "charged exactly once" in done.stdout
