@@ -38,6 +38,7 @@ import walj
 from walj.integrations.openai_agents import journal_tools, journaled_run
 
 set_tracing_disabled(True)  # offline: no trace export
+SESSION = "customer:7"
 
 
 def model(call_id: str, tool: str, arguments: dict[str, Any]) -> ScriptedModel:
@@ -73,8 +74,9 @@ async def run(root: Path, request: str, call_id: str, tool: str, **arguments: An
         """The ledger's lines."""
         return ledger.read_text().splitlines() if ledger.exists() else []
 
-    session = SQLiteSession("customer-7", str(root / "session.db"))
-    with walj.ToolJournal.open(root / "journal", store_outputs=True) as journal:
+    session = SQLiteSession(SESSION, str(root / "session.db"))
+    # One journal per conversation, named by the Session's id (any text: a safe directory).
+    with walj.ToolJournal.open_session(root / "journals", SESSION, store_outputs=True) as journal:
         agent = Agent(name="billing", instructions="Bill the customer.",
                       model=model(call_id, tool, arguments),
                       tools=journal_tools([charge_card, ledger_lines], journal))
@@ -110,11 +112,12 @@ def main() -> None:
                                capture_output=True, text=True, check=True)
         print("   " + again.stdout.strip())
 
-        with walj.ToolJournal.open(root / "journal") as journal:
+        journal_dir = walj.ToolJournal.session_path(root / "journals", SESSION)
+        with walj.ToolJournal.open(journal_dir) as journal:
             (blocker,) = journal.recovery.blockers
         print(f"3. An operator finds the charge in the ledger and resolves {blocker.tool} "
               f"(call {blocker.call_id}) as succeeded:")
-        subprocess.run([sys.executable, "-m", "walj", "resolve", str(root / "journal"),
+        subprocess.run([sys.executable, "-m", "walj", "resolve", str(journal_dir),
                         blocker.execution_id, "--outcome", "succeeded", "--actor", "ops-ann",
                         "--note", "charge found in the ledger"], check=True,
                        stdout=subprocess.DEVNULL)

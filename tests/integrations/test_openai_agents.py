@@ -371,3 +371,18 @@ def test_the_example_runs(tmp_path: Path) -> None:
                           cwd=tmp_path, timeout=HANG)
     assert done.returncode == 0, done.stderr
     assert "charged exactly once" in done.stdout
+
+
+def test_the_sdk_timeout_leaves_the_call_ambiguous(journal: walj.ToolJournal) -> None:
+    @function_tool(timeout=0.05)
+    async def hang() -> str:
+        """Never answers."""
+        await asyncio.Event().wait()
+        return "unreachable"
+
+    result = run_agent(journal_tools([hang], journal), function_call("hang", {}, call_id="c1"),
+                       journal=journal)
+    assert "timed out" in result.final_output  # the SDK's own timeout answer
+    (ambiguous,) = of_kind(journal.path, "tool_execution_ambiguous")
+    assert ambiguous["error_type"] == "CancelledError"
+    assert [b.call_id for b in journal.recovery.blockers] == ["c1"]
