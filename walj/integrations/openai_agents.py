@@ -50,6 +50,12 @@ if TYPE_CHECKING:
 
 require("agents", "openai-agents")  # first: a missing SDK fails here, naming the extra
 _tool = require("agents.tool", "openai-agents")
+# The failure policy of a built FunctionTool lives in these two fields (openai-agents 0.24):
+# an SDK without them cannot be made to let a tool's exception through to walj.
+if not {"_failure_error_function", "_use_default_failure_error_function"} <= set(
+        getattr(_tool.FunctionTool, "__dataclass_fields__", {})):
+    raise ImportError("walj.integrations.openai_agents needs openai-agents 0.24 or newer: "
+                      "pip install 'walj[openai-agents]'")
 
 __all__ = ["BLOCKED_PREFIX", "ERROR_PREFIX", "LiveTurn", "journal_tools", "journaled_run"]
 
