@@ -327,12 +327,18 @@ def _interrupting(x: int) -> None:
 def build_journal(path: Path, mode: str, kind: str) -> list[str]:
     """The prepared journal: "fresh" (one completed turn), "blocked" (one ambiguous execution)
     or "many" (four ambiguous executions of tools with a policy or a reconcile hook that
-    settles, declines or fails, left by concurrent adispatch calls that were cancelled).
+    settles, declines or fails, left by concurrent adispatch calls that were cancelled), or
+    "settled" (one ambiguous execution, and call "c1" of tool ok, {"x": 1}, settled with its
+    output stored: a dispatch of it again is replayed, before the blocked check).
     Returns the blockers' execution ids."""
-    with walj.ToolJournal.open(path, **options(mode)) as journal:
+    with walj.ToolJournal.open(path, store_outputs=kind == "settled",
+                               **options(mode)) as journal:
         with journal.turn() as turn:
             turn.dispatch("ok", {"x": 0}, handler=ok)
-        if kind == "blocked":
+        if kind == "settled":
+            with journal.turn() as turn:
+                turn.dispatch("ok", {"x": 1}, handler=ok, call_id="c1")
+        if kind in ("blocked", "settled"):
             try:
                 with journal.turn() as turn:
                     turn.dispatch("stay", {"x": 1}, handler=_interrupting)
@@ -342,7 +348,7 @@ def build_journal(path: Path, mode: str, kind: str) -> list[str]:
             asyncio.run(_cancelled_together(journal, ["assume", "recon", "rnone", "rfail"]))
     with walj.ToolJournal.open(path, recovery="salvage") as journal:
         blockers = journal.recovery.blockers
-    want = {"fresh": 0, "blocked": 1, "many": 4}[kind]
+    want = {"fresh": 0, "blocked": 1, "many": 4, "settled": 1}[kind]
     assert len(blockers) == want and all(b.state == "ambiguous" for b in blockers), \
         f"could not prepare the {kind} journal: {blockers}"
     return [b.execution_id for b in blockers if b.execution_id]
@@ -368,7 +374,9 @@ async def _cancelled_together(journal: walj.ToolJournal, names: list[str]) -> No
 
 class JournalScenario(Scenario):
     family = "journal"
-    BASES = {"open_settle": "many", "resolve": "blocked", "dispatch_refused": "blocked"}
+    BASES = {"open_settle": "many", "resolve": "blocked", "dispatch_refused": "blocked",
+             "dispatch_replayed": "settled", "dispatch_replay_refused": "settled",
+             "adispatch_replayed": "settled"}
 
     def __init__(self, mode: str, op: str) -> None:
         super().__init__(mode)
@@ -447,6 +455,12 @@ class JournalScenario(Scenario):
             acks.result(turn.dispatch("ok", {"x": 1}))
             inj.call(lambda: turn.__exit__(None, None, None))
             acks.completed.add(turn.sequence)
+        elif op in ("dispatch_replayed", "dispatch_replay_refused"):
+            arguments = {"x": 1 if op == "dispatch_replayed" else 2}
+            with journal.turn() as turn:
+                acks.turns.add(turn.sequence)
+                acks.result(inj.call(lambda: turn.dispatch("ok", arguments, call_id="c1")))
+            acks.completed.add(turn.sequence)
         else:
             tool = {"dispatch_ok": "ok", "dispatch_error": "err",
                     "dispatch_cancelled": "cancelled", "dispatch_refused": "ok"}[op]
@@ -479,18 +493,22 @@ class JournalScenario(Scenario):
             await asyncio.sleep(0)
         else:
             tool = {"adispatch_ok": "aok", "adispatch_error": "aerr",
-                    "adispatch_cancelled": "acancelled", "adispatch_sync": "ok"}[op]
+                    "adispatch_cancelled": "acancelled", "adispatch_sync": "ok",
+                    "adispatch_replayed": "ok"}[op]
+            call_id = "c1" if op == "adispatch_replayed" else None
             async with journal.turn() as turn:
                 acks.turns.add(turn.sequence)
-                acks.result(await inj.acall(lambda: turn.adispatch(tool, {"x": 1})))
+                acks.result(await inj.acall(lambda: turn.adispatch(tool, {"x": 1},
+                                                                   call_id=call_id)))
                 await asyncio.sleep(0)  # a cancel asked for in the op's last step lands here
             acks.completed.add(turn.sequence)
 
 
 JOURNAL_OPS = ("turn_enter", "turn_exit", "dispatch_ok", "dispatch_error", "dispatch_cancelled",
-               "dispatch_refused", "resolve", "open_settle", "close")
+               "dispatch_refused", "resolve", "open_settle", "close", "dispatch_replayed",
+               "dispatch_replay_refused")
 ASYNC_OPS = ("aturn_enter", "aturn_exit", "adispatch_ok", "adispatch_error",
-             "adispatch_cancelled", "adispatch_sync")
+             "adispatch_cancelled", "adispatch_sync", "adispatch_replayed")
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -507,7 +525,9 @@ def test_interrupt_journal(tmp_path: Path, op: str, mode: str) -> None:
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("op", ASYNC_OPS)
 def test_interrupt_journal_async(tmp_path: Path, op: str, mode: str) -> None:
-    group = f"adispatch:{mode}" if op.startswith("adispatch") else None
+    # Ops from the same prepared journal share trials; a replay starts from its own.
+    group = (f"adispatch:{mode}" if op.startswith("adispatch") and op != "adispatch_replayed"
+             else None)
     run_scenario(JournalScenario(mode, op), tmp_path, group)
 
 
