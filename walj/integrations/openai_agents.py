@@ -1,0 +1,296 @@
+"""OpenAI Agents SDK tools through walj: `journal_tools` wraps FunctionTools so that every call
+is one walj execution, and `journaled_run` brackets a `Runner.run` as one walj turn.
+
+`journal_tools(tools, journal)` returns copies of the given `FunctionTool`s (what
+`@function_tool` makes, or one built by hand) whose `on_invoke_tool` dispatches through
+`turn.adispatch`: the intent is durable before the tool's own `on_invoke_tool` runs, the
+outcome before the SDK gets the answer. The call identity is `ToolContext.tool_call_id`; the
+arguments are the model's JSON text. What the model gets back as the tool's output:
+
+- the tool's own output when it ran (or, for a call id this journal already settled, the
+  recorded output: walj's replay);
+- `"not run: "` and walj's message when the journal is blocked, or when walj refused a call id
+  it had settled with other arguments; the run goes on;
+- `"error: "` and why, for arguments that are not a JSON object (nothing is run or written);
+- for an exception of the tool: it is recorded with outcome "error" first; then the tool's own
+  failure policy, exactly as the SDK applies it to the unwrapped tool, decides what the model
+  sees (by default the SDK's "An error occurred while running the tool. Please try again.").
+  A tool built with `failure_error_function=None` raises the exception out of the run.
+
+`walj.ToolOutcomeUnknown` from a tool, cancellation (the SDK's timeout included) and walj's own
+errors go out of `on_invoke_tool`: the execution is then ambiguous and blocks until resolved.
+
+Turns. Inside `async with journaled_run(journal):` every journaled call of that journal joins
+that one turn, so a run that never completed (a crash anywhere in it, or an exception out of
+it) blocks the next run's calls, whatever new call id the model gives them. Without a bracket,
+calls share a turn that opens with the first call and closes when the last concurrent call
+ends: a crash inside a tool still blocks, but one after the tools returned and before the SDK
+saved the result to its Session does not (docs/INTEGRATIONS.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import weakref
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from contextvars import ContextVar
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Protocol
+
+import walj
+
+from ._require import require
+
+if TYPE_CHECKING:
+    from agents.tool import FunctionTool
+    from agents.tool_context import ToolContext
+
+require("agents", "openai-agents")  # first: a missing SDK fails here, naming the extra
+_tool = require("agents.tool", "openai-agents")
+# The failure policy of a built FunctionTool lives in these two fields (openai-agents 0.24):
+# an SDK without them cannot be made to let a tool's exception through to walj.
+if not {"_failure_error_function", "_use_default_failure_error_function"} <= set(
+        getattr(_tool.FunctionTool, "__dataclass_fields__", {})):
+    raise ImportError("walj.integrations.openai_agents needs openai-agents 0.24 or newer: "
+                      "pip install 'walj[openai-agents]'")
+
+__all__ = ["BLOCKED_PREFIX", "ERROR_PREFIX", "LiveTurn", "journal_tools", "journaled_run"]
+
+BLOCKED_PREFIX = "not run: "
+ERROR_PREFIX = "error: "
+
+
+
+class LiveTurn(Protocol):
+    """What this module needs of a walj turn (`journal.turn()`), and what `journaled_run`
+    gives: the turn to dispatch in, `turn_id` and `sequence` to name it."""
+
+    sequence: int
+
+    @property
+    def turn_id(self) -> str: ...
+
+    async def adispatch(self, name: str, arguments: Any, *, call_id: str | None = None,
+                        handler: Any = None) -> walj.ToolResult: ...
+
+    async def __aenter__(self) -> Any: ...
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None: ...
+
+
+# The journals whose turn a `journaled_run` holds in this context: the SDK runs each tool call
+# in a task created inside `Runner.run`, and a task starts with a copy of its creator's context.
+_BRACKETS: ContextVar[tuple[tuple[walj.ToolJournal, LiveTurn], ...]] = ContextVar(
+    "walj_openai_agents_brackets", default=())
+
+
+@asynccontextmanager
+async def journaled_run(journal: walj.ToolJournal) -> AsyncIterator[LiveTurn]:
+    """`async with journaled_run(journal): await Runner.run(...)`: the run is one walj turn.
+
+    Journaled calls of `journal` made inside join it, concurrent ones too. Leaving the block
+    normally writes turn_completed; leaving it by an exception (or a crash) leaves the turn
+    incomplete, which blocks every later call once it held a tool call, until
+    `journal.resolve_turn` (or `walj resolve PATH --turn N`). Raises `LiveTurnError` while
+    another turn of the journal is live."""
+    if not isinstance(journal, walj.ToolJournal):
+        raise TypeError(f"journal must be a walj.ToolJournal, not {type(journal).__name__}")
+    async with journal.turn() as turn:
+        token = _BRACKETS.set((*_BRACKETS.get(), (journal, turn)))
+        try:
+            yield turn
+        finally:
+            _BRACKETS.reset(token)
+
+
+def _bracket(journal: walj.ToolJournal) -> LiveTurn | None:
+    for bracketed, turn in reversed(_BRACKETS.get()):
+        if bracketed is journal:
+            return turn
+    return None
+
+
+class _SharedTurn:
+    """The turn unbracketed calls of one journal share: opened by the first, closed by the
+    last. Opening and closing hold `lock`, so a call never meets a turn half open or closing."""
+
+    def __init__(self, journal: walj.ToolJournal, loop: asyncio.AbstractEventLoop) -> None:
+        self.journal = journal
+        self.loop = loop
+        self.lock = asyncio.Lock()
+        self.turn: LiveTurn | None = None
+        self.users = 0
+        self.failure: BaseException | None = None  # a dispatch that raised: left incomplete
+
+    async def acquire(self) -> LiveTurn:
+        async with self.lock:
+            if self.turn is None:
+                turn = self.journal.turn()
+                await turn.__aenter__()  # a cancelled entry leaves no live turn behind
+                self.turn, self.failure = turn, None
+            self.users += 1
+            return self.turn
+
+    async def release(self, failure: BaseException | None) -> None:
+        # Shielded: a caller cancelled here must still count itself out, or the turn would
+        # stay live for good and every later call of this journal would fail.
+        await asyncio.shield(self._release(failure))
+
+    async def _release(self, failure: BaseException | None) -> None:
+        async with self.lock:
+            self.users -= 1
+            if failure is not None and self.failure is None:
+                self.failure = failure
+            if self.users or self.turn is None:
+                return
+            turn, self.turn = self.turn, None
+            gone = self.failure
+            if gone is None:
+                await turn.__aexit__(None, None, None)
+            else:
+                await turn.__aexit__(type(gone), gone, gone.__traceback__)
+
+
+_SHARED: weakref.WeakKeyDictionary[walj.ToolJournal, _SharedTurn] = weakref.WeakKeyDictionary()
+
+
+def _shared(journal: walj.ToolJournal) -> _SharedTurn:
+    loop = asyncio.get_running_loop()
+    shared = _SHARED.get(journal)
+    # An idle one made on an event loop that is gone (an earlier asyncio.run) is replaced:
+    # its lock belongs to that loop.
+    if shared is None or (shared.loop is not loop and shared.users == 0):
+        shared = _SHARED[journal] = _SharedTurn(journal, loop)
+    return shared
+
+
+class _ReplayedError(Exception):
+    """An error outcome answered from the journal: the tool's failure policy formats it."""
+
+
+class _Call:
+    __slots__ = ("error",)
+
+    def __init__(self) -> None:
+        self.error: Exception | None = None  # what the tool raised, for its failure policy
+
+
+class _JournaledInvoker:
+    """A journaled tool's `on_invoke_tool`: the SDK calls it with the tool context and the
+    model's JSON text."""
+
+    def __init__(self, original: FunctionTool, inner: FunctionTool,
+                 journal: walj.ToolJournal) -> None:
+        self.original = original  # its failure policy formats an error for the model
+        self.inner = inner  # raises instead of formatting, and has no timeout of its own
+        self.journal = journal
+
+    async def __call__(self, ctx: ToolContext[Any], arguments_json: str) -> Any:
+        arguments = _arguments(arguments_json)
+        if isinstance(arguments, str):
+            return ERROR_PREFIX + arguments
+        call_id = getattr(ctx, "tool_call_id", None)
+        call = _Call()
+        inner = self.inner
+
+        async def handler(**_arguments: Any) -> Any:
+            try:
+                # The SDK's own invocation of the copy: argument validation, the context the
+                # tool declares, a sync tool in a worker thread.
+                return await _tool.invoke_function_tool(
+                    function_tool=inner, context=ctx, arguments=arguments_json)
+            except walj.ToolOutcomeUnknown:
+                raise
+            except Exception as exc:
+                call.error = exc
+                raise
+
+        tool = walj.Tool(handler)
+        name = self.original.name
+        valid_id = call_id if isinstance(call_id, str) and call_id else None
+        turn = _bracket(self.journal)
+        if turn is not None:
+            done = await turn.adispatch(name, arguments, call_id=valid_id, handler=tool)
+        else:
+            shared = _shared(self.journal)
+            own = await shared.acquire()
+            try:
+                done = await own.adispatch(name, arguments, call_id=valid_id, handler=tool)
+            except BaseException as exc:
+                await shared.release(exc)
+                raise
+            await shared.release(None)
+        return await self._answer(ctx, done, call)
+
+    async def _answer(self, ctx: ToolContext[Any], done: walj.ToolResult, call: _Call) -> Any:
+        if done.outcome in ("blocked", "refused"):
+            return BLOCKED_PREFIX + (done.error or f"walj answered {done.outcome}")
+        if done.outcome == "ok":
+            return done.output
+        error: Exception = call.error if call.error is not None else _ReplayedError(
+            done.error or f"the call ended {done.outcome}")
+        shown = await _tool.maybe_invoke_function_tool_failure_error_function(
+            function_tool=self.original, context=ctx, error=error)
+        if shown is None:  # the tool was built to raise (failure_error_function=None)
+            raise error
+        return shown
+
+
+def _arguments(text: Any) -> dict[str, Any] | str:
+    """The model's JSON text as keyword arguments, or why it cannot be used."""
+    if text is None or text == "":
+        return {}
+    if not isinstance(text, str):
+        return f"arguments must be JSON text, not {type(text).__name__}"
+    try:
+        parsed = json.loads(text, parse_constant=_not_json)
+    except ValueError as exc:
+        return f"arguments are not valid JSON: {exc}"
+    except RecursionError:
+        return "arguments are nested too deeply to parse"
+    if not isinstance(parsed, dict):
+        return f"arguments must be a JSON object, not {type(parsed).__name__}"
+    return parsed
+
+
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not JSON")
+
+
+def _journaled(tool: Any, journal: walj.ToolJournal, index: int) -> FunctionTool:
+    if not isinstance(tool, _tool.FunctionTool):
+        name = getattr(tool, "name", None)
+        raise TypeError(
+            f"tool {index} ({name!r}, a {type(tool).__name__}) cannot be journaled: only "
+            "FunctionTools (@function_tool) run in this process through on_invoke_tool; "
+            "hosted and other tool kinds run elsewhere")
+    original: FunctionTool = tool
+    if isinstance(original.on_invoke_tool, _JournaledInvoker):
+        raise TypeError(f"tool {original.name!r} is journaled already")
+    inner = copy.copy(original)  # the SDK's own copy: its invoker is rebound to the copy
+    # An exception must reach walj, so the copy has no failure policy (the SDK's
+    # `failure_error_function=None`); the original's formats it afterwards. The timeout stays
+    # on the outer tool, where cancelling it leaves the execution ambiguous.
+    inner._failure_error_function = None
+    inner._use_default_failure_error_function = False
+    inner.timeout_seconds = None
+    outer = copy.copy(original)
+    outer.on_invoke_tool = _JournaledInvoker(original, inner, journal)
+    return outer
+
+
+def journal_tools(tools: Sequence[Any], journal: walj.ToolJournal) -> list[FunctionTool]:
+    """The tools, journaled: new FunctionTools (the originals are left as they are) whose
+    calls go through `journal`. Raises TypeError, before anything is wrapped, for a journal
+    that is not a `walj.ToolJournal`, for `tools` that is not a list, and for a tool that is
+    not a FunctionTool (hosted tools, computer, shell, MCP servers' tools are not in
+    `agent.tools`) or is journaled already."""
+    if not isinstance(journal, walj.ToolJournal):
+        raise TypeError(f"journal must be a walj.ToolJournal, not {type(journal).__name__}")
+    if isinstance(tools, (str, bytes)) or not isinstance(tools, Sequence):
+        raise TypeError(f"tools must be a list of FunctionTools, not {type(tools).__name__}")
+    return [_journaled(tool, journal, index) for index, tool in enumerate(tools)]
