@@ -244,6 +244,15 @@ def test_with_on_blocked_interrupt_a_person_answers_through_command_resume(
     assert runs == ["lost", "ann"]  # call_1 is never run again: it was not dispatched again
     assert tool_messages(done)[-1].content == "sent to ann"
 
+    # A graph without a checkpointer could never resume: the blocked call is an error message.
+    with WaljMiddleware(tmp_path / "bare", on_blocked="interrupt") as walj_mw:
+        graph = tool_node_graph([send], walj_mw)
+        with pytest.raises(walj.ToolOutcomeUnknown):
+            graph.invoke(asks(lf.call("call_1", "send", {"to": "lost"})), CONFIG)
+        state = graph.invoke(asks(lf.call("call_2", "send", {"to": "bob"})), CONFIG)
+    assert "__interrupt__" not in state and runs == ["lost", "ann", "lost"]
+    assert "Nothing was run" in str(tool_messages(state)[-1].content)
+
 
 def test_a_resumed_step_resolves_its_interrupted_turn_and_runs_its_other_calls(
     tmp_path: Path

@@ -259,7 +259,7 @@ class WaljMiddleware(_Base):
             box = Box()
             done = turn.dispatch(name, arguments, call_id=call_id,
                                  handler=sync_tool(request, handler, box))
-            if not self._asks(done, box):
+            if not self._asks(request, done, box):
                 return self._answered(session, turn, call_id, done, box, request)
             problem = self._ask(session.journal, done, problem)
 
@@ -276,15 +276,16 @@ class WaljMiddleware(_Base):
             box = Box()
             done = await turn.adispatch(name, arguments, call_id=call_id,
                                         handler=async_tool(request, handler, box))
-            if not self._asks(done, box):
+            if not self._asks(request, done, box):
                 return await asyncio.to_thread(self._answered, session, turn, call_id, done,
                                                box, request)
             problem = await asyncio.to_thread(self._ask, session.journal, done, problem)
 
-    def _asks(self, done: walj.ToolResult, box: Box) -> bool:
-        """True when a person is asked: the journal blocked the call (nothing ran)."""
+    def _asks(self, request: ToolCallRequest, done: walj.ToolResult, box: Box) -> bool:
+        """True when a person is asked: the journal blocked the call (nothing ran), and the
+        graph can pause and resume (it has a checkpointer)."""
         return (self._on_blocked == "interrupt" and done.outcome == "blocked"
-                and box.raised is None and box.result is None)
+                and box.raised is None and box.result is None and _checkpointed(request))
 
     @staticmethod
     def _answered(session: _Session, turn: _Turn, call_id: str, done: walj.ToolResult,
@@ -314,6 +315,17 @@ class WaljMiddleware(_Base):
         except (walj.ResolutionError, ValueError, TypeError) as exc:
             return f"{type(exc).__name__}: {exc}"
         return None
+
+
+def _checkpointed(request: ToolCallRequest) -> bool:
+    """Whether the graph runs with a checkpointer: LangGraph puts it in the run's configurable
+    under this key. Without one an interrupt could never be resumed, so the blocked call is
+    answered with the error ToolMessage instead (and if the key ever moves, that is what
+    happens: nothing pauses a graph that cannot resume)."""
+    config = getattr(getattr(request, "runtime", None), "config", None)
+    configurable = config.get("configurable") if isinstance(config, Mapping) else None
+    return isinstance(configurable, Mapping) and configurable.get(
+        "__pregel_checkpointer") is not None
 
 
 def resolve(journal: walj.ToolJournal, answer: Any) -> None:
