@@ -282,10 +282,24 @@ def test_a_resumed_step_resolves_its_interrupted_turn_and_runs_its_other_calls(
     assert sorted(m.content for m in tool_messages(state)) == ["old", "order 2"]
     assert (resolution.kind, resolution.actor) == ("turn", RESUMED_STEP_ACTOR)
 
+    # A turn holding a call that is not the resumed step's is another story: it still blocks.
+    other: Any = {"configurable": {"thread_id": "other"}}
+    with walj.ToolJournal.open_session(tmp_path, "other", store_outputs=True) as journal:
+        with pytest.raises(RuntimeError), journal.turn() as turn:
+            turn.dispatch("lookup", {"order": 9}, call_id="call_z", handler=lambda order: "z")
+            raise RuntimeError("killed")
+    with WaljMiddleware(tmp_path) as walj_mw:
+        graph = tool_node_graph([lookup], walj_mw)
+        state = graph.invoke(asks(lf.call("call_a", "lookup", {"order": 1})), other)
+        assert walj_mw.journal("other").recovery.blocked
+    assert runs == [2] and "Nothing was run" in str(tool_messages(state)[0].content)
+
 
 def test_a_call_without_a_thread_or_with_bad_options_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="on_blocked"):
         WaljMiddleware(tmp_path, on_blocked="ask")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="no tools="):
+        WaljMiddleware(tmp_path, tools={})
     with WaljMiddleware(tmp_path) as walj_mw:
         graph = tool_node_graph(lf.refund_tools(str(tmp_path / "e")), walj_mw)
         with pytest.raises(ValueError, match="thread_id"):

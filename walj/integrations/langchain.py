@@ -112,13 +112,13 @@ was interrupted after every one of its calls had settled."""
 
 
 def _turn_call_ids(journal: walj.ToolJournal, sequence: int) -> set[str]:
-    """The call ids the journal's records give for turn `sequence` (intents, blocked calls)."""
+    """Every call id the journal's records give for turn `sequence` (intents, blocked,
+    replayed and refused calls): the more a turn holds, the less it is taken for a step's."""
     ids: set[str] = set()
     for record in walj.read(journal.path):
         data = record.data
         if (isinstance(data, dict) and data.get("turn_sequence") == sequence
-                and isinstance(data.get("call_id"), str)
-                and data.get("kind") in ("tool_execution_started", "tool_execution_blocked")):
+                and isinstance(data.get("call_id"), str)):
             ids.add(data["call_id"])
     return ids
 
@@ -193,8 +193,8 @@ class WaljMiddleware(_Base):
         if on_blocked not in ("message", "interrupt"):
             raise ValueError(f"on_blocked must be 'message' or 'interrupt', not {on_blocked!r}")
         if "tools" in journal_options:
-            raise ValueError("WaljMiddleware runs the agent's own tools; pass no tools= (register "
-                             "recovery policies on a journal you open yourself)")
+            raise ValueError("WaljMiddleware runs the agent's own tools, so it takes no tools= "
+                             "(reconcile hooks and on_ambiguous policies do not apply to it)")
         self._root = os.fspath(root)
         self._on_blocked: OnBlocked = on_blocked
         self._options: dict[str, Any] = {"store_outputs": True, **journal_options}
