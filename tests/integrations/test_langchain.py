@@ -15,14 +15,14 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import langchain_fakes as lf
 import pytest
 import sdk_fakes as fx
 from journal_helpers import kinds, records
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
-from langchain_core.tools import tool
+from langchain_core.tools import InjectedToolCallId, tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode
@@ -152,6 +152,36 @@ def test_tool_node_replays_a_settled_call_id_as_an_equal_tool_message(tmp_path: 
         "charged 500", "charge", "call_c", "success", {"receipt": 7})
     assert refused.status == "error" and "different arguments" in str(refused.content)
     assert "tool_execution_replayed" in kinds(walj.ToolJournal.session_path(tmp_path, THREAD))
+
+
+class RefundState(MessagesState):
+    refunds: int
+
+
+def test_a_command_a_tool_returned_is_replayed_as_an_equal_command(tmp_path: Path) -> None:
+    runs: list[int] = []
+
+    @tool
+    def refund(order: int, tool_call_id: Annotated[str, InjectedToolCallId]) -> Command[Any]:
+        """Refund an order and count it in the state."""
+        runs.append(order)
+        return Command(update={"refunds": 1, "messages": [
+            ToolMessage(f"refunded {order}", tool_call_id=tool_call_id, name="refund")]})
+
+    with WaljMiddleware(tmp_path) as walj_mw:
+        node = ToolNode([refund], wrap_tool_call=walj_mw.wrap_tool_call)
+        builder = StateGraph(RefundState)
+        builder.add_node("tools", node)
+        builder.add_edge(START, "tools")
+        graph = builder.compile()
+        given = asks(lf.call("call_r", "refund", {"order": 42}))
+        first = graph.invoke(given, CONFIG)
+        again = graph.invoke(given, CONFIG)
+    assert runs == [42]
+    for state in (first, again):
+        [message] = tool_messages(state)
+        assert (state["refunds"], message.content, message.tool_call_id) == (
+            1, "refunded 42", "call_r")
 
 
 def test_tool_errors_are_recorded_and_answered_as_langchain_answers_them(

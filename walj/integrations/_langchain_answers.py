@@ -13,6 +13,7 @@ from ._require import require
 
 _messages = require("langchain_core.messages", "langchain")
 _lg_errors = require("langgraph.errors", "langchain")
+_lg_types = require("langgraph.types", "langchain")
 
 if TYPE_CHECKING:
     from langchain_core.messages import ToolMessage
@@ -24,6 +25,8 @@ else:
     Result = Any
 
 ANSWER_KIND = "tool_message"  # `output["kind"]` of a stored ToolMessage
+COMMAND_KIND = "command"  # `output["kind"]` of a stored Command
+MESSAGES_KEY = "langchain_messages"  # a list of messages in a stored Command's update
 
 
 class ToolMessageError(Exception):
@@ -79,7 +82,45 @@ def _recorded(result: Any, box: Box) -> Any:
             stored["artifact"] = result.artifact
         return stored if _is_json(stored) else {**stored, "content": content_text(
             result.content)}
+    command = _command_record(result)
+    if command is not None:
+        return command
     return {"kind": type(result).__name__, "repr": repr(result)[:2000]}
+
+
+def _command_record(result: Any) -> dict[str, Any] | None:
+    """A Command whose update is JSON once its message lists are written as LangChain's message
+    dicts, and whose goto is node names; None for any other (kept as a repr)."""
+    if not isinstance(result, _lg_types.Command) or result.resume is not None:
+        return None
+    goto = result.goto
+    if not (isinstance(goto, str) or (isinstance(goto, (list, tuple))
+                                      and all(isinstance(g, str) for g in goto))):
+        return None
+    update = result.update
+    if isinstance(update, Mapping):
+        update = {key: _messages_record(value) for key, value in update.items()}
+    stored = {"kind": COMMAND_KIND, "update": update, "goto": list(goto) if isinstance(
+        goto, (list, tuple)) else goto, "graph": result.graph}
+    return stored if _is_json(stored) else None
+
+
+def _messages_record(value: Any) -> Any:
+    if (isinstance(value, (list, tuple)) and value
+            and all(isinstance(m, _messages.BaseMessage) for m in value)):
+        return {MESSAGES_KEY: _messages.messages_to_dict(list(value))}
+    return value
+
+
+def _command_rebuilt(output: Mapping[str, Any]) -> Command[Any]:
+    update = output.get("update")
+    if isinstance(update, Mapping):
+        update = {key: _messages.messages_from_dict(value[MESSAGES_KEY])
+                  if isinstance(value, Mapping) and set(value) == {MESSAGES_KEY} else value
+                  for key, value in update.items()}
+    command: Command[Any] = _lg_types.Command(update=update, goto=output.get("goto") or (),
+                                              graph=output.get("graph"))
+    return command
 
 
 def sync_tool(request: ToolCallRequest, handler: Callable[[ToolCallRequest], Result],
@@ -127,7 +168,9 @@ def answer(done: walj.ToolResult, box: Box, request: ToolCallRequest) -> Result:
     return message
 
 
-def _rebuilt(output: Any, call: Mapping[str, Any]) -> ToolMessage:
+def _rebuilt(output: Any, call: Mapping[str, Any]) -> Result:
+    if isinstance(output, Mapping) and output.get("kind") == COMMAND_KIND:
+        return _command_rebuilt(output)
     if isinstance(output, Mapping) and output.get("kind") == ANSWER_KIND:
         message: ToolMessage = _messages.ToolMessage(
             content=output.get("content", ""), name=output.get("name"),
@@ -142,8 +185,9 @@ def _rebuilt(output: Any, call: Mapping[str, Any]) -> ToolMessage:
                 f"rebuild; it was not run again. Recorded: {output['repr']}")
     else:
         text = output if isinstance(output, str) else json.dumps(output, ensure_ascii=False)
-    message = _messages.ToolMessage(content=text, name=call["name"], tool_call_id=call["id"])
-    return message
+    plain: ToolMessage = _messages.ToolMessage(content=text, name=call["name"],
+                                               tool_call_id=call["id"])
+    return plain
 
 
 def content_text(content: Any) -> str:

@@ -13,10 +13,11 @@ also plug into `langgraph.prebuilt.ToolNode(wrap_tool_call=..., awrap_tool_call=
 - **Turn**: the tool calls of one AIMessage (one LangGraph step of parallel tool tasks) are one
   walj turn. It is completed when every call of that message has been answered in this process;
   a step that never completed stays an incomplete turn, which blocks after a crash.
-- **Answer**: the ToolMessage (or Command) the tool returned. Its content, name, status and
-  artifact are stored with the terminal record, so a re-dispatch of the same call id (LangGraph
-  re-running a task whose result it did not save) is answered with an equal ToolMessage, and
-  the tool is not run again. An error ToolMessage or an exception is recorded as outcome `error`.
+- **Answer**: the ToolMessage (or Command) the tool returned. What rebuilds it (content,
+  name, status and artifact; a Command's update and goto) is stored with the terminal record,
+  so a re-dispatch of the same call id (LangGraph re-running a task whose result it did not
+  save) is answered with an equal one, and the tool is not run again. An error ToolMessage
+  or an exception is recorded as outcome `error`.
 - **Blocked**: by default an error ToolMessage holding walj's message (`on_blocked="message"`);
   with `on_blocked="interrupt"` (the graph needs a checkpointer) a `langgraph.types.interrupt`
   whose payload lists what blocks. Resume with `Command(resume=answer)`, where `answer` is one
