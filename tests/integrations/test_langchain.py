@@ -97,10 +97,16 @@ def test_parallel_calls_of_one_message_run_concurrently_in_one_turn(tmp_path: Pa
 
 
 def test_the_async_hook_journals_parallel_calls_in_one_turn(tmp_path: Path) -> None:
+    arrived: list[int] = []
+    both_running = asyncio.Event()
+
     @tool
     async def lookup(order: int) -> str:
         """Look an order up."""
-        await asyncio.sleep(0)
+        arrived.append(order)
+        if len(arrived) == 2:
+            both_running.set()
+        await asyncio.wait_for(both_running.wait(), 60)  # only passes if the two run at once
         return f"order {order}"
 
     async def run() -> Any:
