@@ -1,0 +1,353 @@
+"""Journaled LangChain agent and LangGraph ToolNode tool calls: `WaljMiddleware`.
+
+`WaljMiddleware(root, **journal_options)` is an `AgentMiddleware` for
+`langchain.agents.create_agent(middleware=[...])`; its `wrap_tool_call` / `awrap_tool_call`
+also plug into `langgraph.prebuilt.ToolNode(wrap_tool_call=..., awrap_tool_call=...)`.
+
+- **Session**: one journal per LangGraph thread (`config["configurable"]["thread_id"]`), opened
+  with `ToolJournal.open_session(root, thread_id, store_outputs=True, ...)`, cached, and closed by
+  `close()` (or leaving `with WaljMiddleware(...) as walj_mw:`).
+- **Call**: `request.tool_call` gives the call id (`id`), the tool (`name`) and its arguments
+  (`args`). walj's handler is the framework's own continuation, `handler(request)`, so the tool
+  runs inside walj's dispatch, after its intent is durable.
+- **Turn**: the tool calls of one AIMessage (one LangGraph step of parallel tool tasks) are one
+  walj turn. It is completed when every call of that message has been answered in this process;
+  a step that never completed stays an incomplete turn, which blocks after a crash.
+- **Answer**: the ToolMessage (or Command) the tool returned. What rebuilds it (content,
+  name, status and artifact; a Command's update and goto) is stored with the terminal record,
+  so a re-dispatch of the same call id (LangGraph re-running a task whose result it did not
+  save) is answered with an equal one, and the tool is not run again. An error ToolMessage
+  or an exception is recorded as outcome `error`.
+- **Blocked**: by default an error ToolMessage holding walj's message (`on_blocked="message"`);
+  with `on_blocked="interrupt"` (the graph needs a checkpointer) a `langgraph.types.interrupt`
+  whose payload lists what blocks. Resume with `Command(resume=answer)`, where `answer` is one
+  dict, or a list of them: `{"execution_id", "outcome", "actor", "note"?, "output"?}` resolves an
+  execution, `{"turn_sequence", "actor", "note"?}` an interrupted turn. The resumed task writes
+  the resolutions and dispatches the call again, which replay then answers (never running a
+  call resolved `succeeded` or `failed`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+import walj
+
+from ._langchain_answers import (
+    Box,
+    Result,
+    ToolMessageError,
+    answer,
+    async_tool,
+    call_of,
+    sync_tool,
+)
+from ._require import require
+
+_middleware_types = require("langchain.agents.middleware.types", "langchain")
+_lg_types = require("langgraph.types", "langchain")
+_lg_errors = require("langgraph.errors", "langchain")
+
+if TYPE_CHECKING:
+    from langchain.agents.middleware.types import AgentMiddleware
+    from langgraph.prebuilt.tool_node import ToolCallRequest
+
+    _Base = AgentMiddleware[Any, Any, Any]
+else:
+    _Base = _middleware_types.AgentMiddleware
+
+OnBlocked = Literal["message", "interrupt"]
+BLOCKED_KIND = "walj_blocked"
+"""`payload["kind"]` of the interrupt a blocked call raises with `on_blocked="interrupt"`."""
+
+
+def thread_id_of(request: ToolCallRequest) -> str:
+    """The LangGraph thread of a tool call, or ValueError: walj needs a session per thread."""
+    runtime = getattr(request, "runtime", None)
+    config = getattr(runtime, "config", None)
+    configurable = config.get("configurable") if isinstance(config, Mapping) else None
+    thread = configurable.get("thread_id") if isinstance(configurable, Mapping) else None
+    if thread is None or thread == "":
+        raise ValueError("walj's WaljMiddleware needs a LangGraph thread: invoke the graph with "
+                         "config={'configurable': {'thread_id': ...}} (one walj journal per "
+                         "thread)")
+    return str(thread)
+
+
+def _step_of(request: ToolCallRequest, call_id: str) -> tuple[tuple[str, ...], set[str]]:
+    """The step (the ids of every tool call of the AIMessage holding `call_id`) and those of
+    its calls not answered yet in the state. A call without such a message is a step alone."""
+    state = request.state
+    messages = state.get("messages") if isinstance(state, Mapping) else getattr(
+        state, "messages", None)
+    if isinstance(messages, Sequence):
+        answered = {getattr(m, "tool_call_id", None) for m in messages
+                    if getattr(m, "type", None) == "tool"}
+        for message in reversed(messages):
+            calls = getattr(message, "tool_calls", None) or []
+            ids = tuple(str(c.get("id")) for c in calls if isinstance(c, Mapping))
+            if call_id in ids:
+                return ids, {i for i in ids if i not in answered} | {call_id}
+    return (call_id,), {call_id}
+
+
+class _Turn(Protocol):
+    """What the middleware uses of a live walj turn (`journal.turn()`)."""
+
+    def __enter__(self) -> Any: ...
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None: ...
+    def dispatch(self, name: str, arguments: Mapping[str, Any], *, call_id: str | None = None,
+                 handler: Any = None) -> walj.ToolResult: ...
+    async def adispatch(self, name: str, arguments: Mapping[str, Any], *,
+                        call_id: str | None = None, handler: Any = None) -> walj.ToolResult: ...
+
+
+RESUMED_STEP_ACTOR = "walj.integrations.langchain"
+"""The actor of the turn resolution written when LangGraph resumes a step whose earlier turn
+was interrupted after every one of its calls had settled."""
+
+
+def _turn_call_ids(journal: walj.ToolJournal, sequence: int) -> set[str]:
+    """Every call id the journal's records give for turn `sequence` (intents, blocked,
+    replayed and refused calls): the more a turn holds, the less it is taken for a step's."""
+    ids: set[str] = set()
+    for record in walj.read(journal.path):
+        data = record.data
+        if (isinstance(data, dict) and data.get("turn_sequence") == sequence
+                and isinstance(data.get("call_id"), str)):
+            ids.add(data["call_id"])
+    return ids
+
+
+class _Session:
+    """One thread's journal and its live step: the walj turn holding the step's calls."""
+
+    def __init__(self, journal: walj.ToolJournal) -> None:
+        self.journal = journal
+        self.lock = threading.Lock()
+        self.step: tuple[str, ...] | None = None
+        self.turn: _Turn | None = None
+        self.pending: set[str] = set()
+
+    def adopt(self, step: tuple[str, ...]) -> None:
+        """LangGraph resumes a step by running its unsaved tool tasks again, with the same call
+        ids. An interrupted turn (every execution in it settled) whose calls all belong to this
+        step is that step's earlier attempt: replay answers its calls, so it is resolved, with
+        a note, rather than blocking the step's calls that never ran."""
+        for blocker in self.journal.recovery.blockers:
+            if blocker.state != "interrupted_turn" or blocker.turn_sequence is None:
+                continue
+            ids = _turn_call_ids(self.journal, blocker.turn_sequence)
+            if ids and ids <= set(step):
+                self.journal.resolve_turn(blocker.turn_sequence, actor=RESUMED_STEP_ACTOR, note=(
+                    "LangGraph resumed this step; its calls are dispatched again with the same "
+                    "ids, and replay answers those that settled: " + ", ".join(sorted(ids))))
+
+    def enter(self, request: ToolCallRequest, call_id: str) -> _Turn:
+        """The live turn of the call's step, starting it (and leaving an earlier step's turn
+        incomplete, so that it blocks) when the step is new."""
+        step, unanswered = _step_of(request, call_id)
+        with self.lock:
+            if self.turn is None or self.step != step:
+                if self.turn is not None:  # abandoned with calls unanswered: incomplete
+                    self.turn.__exit__(RuntimeError, RuntimeError("step abandoned"), None)
+                self.turn = None
+                self.adopt(step)
+                turn: _Turn = self.journal.turn()
+                turn.__enter__()
+                self.turn, self.step, self.pending = turn, step, set(unanswered)
+            self.pending.add(call_id)
+            return self.turn
+
+    def answered(self, turn: _Turn, call_id: str) -> None:
+        """A call of the step got its answer: the last one completes the turn."""
+        with self.lock:
+            if self.turn is not turn:
+                return
+            self.pending.discard(call_id)
+            if not self.pending:
+                self.turn, self.step = None, None
+                turn.__exit__(None, None, None)
+
+    def close(self) -> None:
+        with self.lock:
+            if self.turn is not None:  # calls unanswered: left incomplete, as after a crash
+                try:
+                    self.turn.__exit__(RuntimeError, RuntimeError("closed"), None)
+                finally:
+                    self.turn = None
+            self.journal.close()
+
+
+class WaljMiddleware(_Base):
+    """Every tool call of a LangChain agent (or a LangGraph ToolNode) through a walj journal,
+    one journal per thread under `root`. See the module's documentation."""
+
+    def __init__(self, root: str | os.PathLike[str], *, on_blocked: OnBlocked = "message",
+                 **journal_options: Any) -> None:
+        super().__init__()
+        if on_blocked not in ("message", "interrupt"):
+            raise ValueError(f"on_blocked must be 'message' or 'interrupt', not {on_blocked!r}")
+        if "tools" in journal_options:
+            raise ValueError("WaljMiddleware runs the agent's own tools, so it takes no tools= "
+                             "(reconcile hooks and on_ambiguous policies do not apply to it)")
+        self._root = os.fspath(root)
+        self._on_blocked: OnBlocked = on_blocked
+        self._options: dict[str, Any] = {"store_outputs": True, **journal_options}
+        self._sessions: dict[str, _Session] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def root(self) -> str:
+        return self._root
+
+    @property
+    def on_blocked(self) -> OnBlocked:
+        return self._on_blocked
+
+    def journal(self, thread_id: str) -> walj.ToolJournal:
+        """The journal of `thread_id`, opened (and cached) on first use."""
+        return self._session(thread_id).journal
+
+    def _session(self, thread_id: str) -> _Session:
+        with self._lock:
+            if self._closed:
+                raise walj.ClosedError("WaljMiddleware is closed")
+            session = self._sessions.get(thread_id)
+            if session is None:
+                journal = walj.ToolJournal.open_session(self._root, thread_id, **self._options)
+                session = self._sessions[thread_id] = _Session(journal)
+            return session
+
+    def close(self) -> None:
+        """Close every journal it opened. A step with unanswered calls is left incomplete."""
+        with self._lock:
+            self._closed = True
+            sessions, self._sessions = list(self._sessions.values()), {}
+        errors: list[BaseException] = []
+        for session in sessions:
+            try:
+                session.close()
+            except walj.WaljError as exc:
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+    def __enter__(self) -> WaljMiddleware:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    # --- the hooks ------------------------------------------------------------------------------
+
+    def wrap_tool_call(self, request: ToolCallRequest,
+                       handler: Callable[[ToolCallRequest], Result]) -> Result:
+        """Run the call through its thread's journal (the hook of `create_agent` and of
+        `ToolNode(wrap_tool_call=...)`)."""
+        call_id, name, arguments = call_of(request)
+        session = self._session(thread_id_of(request))
+        turn = session.enter(request, call_id)
+        problem: str | None = None
+        while True:
+            box = Box()
+            done = turn.dispatch(name, arguments, call_id=call_id,
+                                 handler=sync_tool(request, handler, box))
+            if not self._asks(request, done, box):
+                return self._answered(session, turn, call_id, done, box, request)
+            problem = self._ask(session.journal, done, problem)
+
+    async def awrap_tool_call(self, request: ToolCallRequest,
+                              handler: Callable[[ToolCallRequest], Awaitable[Result]]
+                              ) -> Result:
+        """As `wrap_tool_call`, for `ainvoke`/`astream`; the journal's blocking steps (opening,
+        turn records, resolutions) run in worker threads."""
+        call_id, name, arguments = call_of(request)
+        session = await asyncio.to_thread(self._session, thread_id_of(request))
+        turn = await asyncio.to_thread(session.enter, request, call_id)
+        problem: str | None = None
+        while True:
+            box = Box()
+            done = await turn.adispatch(name, arguments, call_id=call_id,
+                                        handler=async_tool(request, handler, box))
+            if not self._asks(request, done, box):
+                return await asyncio.to_thread(self._answered, session, turn, call_id, done,
+                                               box, request)
+            problem = await asyncio.to_thread(self._ask, session.journal, done, problem)
+
+    def _asks(self, request: ToolCallRequest, done: walj.ToolResult, box: Box) -> bool:
+        """True when a person is asked: the journal blocked the call (nothing ran), and the
+        graph can pause and resume (it has a checkpointer)."""
+        return (self._on_blocked == "interrupt" and done.outcome == "blocked"
+                and box.raised is None and box.result is None and _checkpointed(request))
+
+    @staticmethod
+    def _answered(session: _Session, turn: _Turn, call_id: str, done: walj.ToolResult,
+                  box: Box, request: ToolCallRequest) -> Result:
+        """The call's answer; the step's turn learns it was answered, unless the tool paused
+        on an interrupt of its own (LangGraph runs it again on resume)."""
+        if not isinstance(box.raised, _lg_errors.GraphBubbleUp):
+            session.answered(turn, call_id)
+        if box.raised is not None:
+            raise box.raised  # as LangChain raises it (ToolNode's handle_tool_errors applies)
+        return answer(done, box, request)
+
+    def _ask(self, journal: walj.ToolJournal, done: walj.ToolResult,
+             problem: str | None) -> str | None:
+        """Pause the graph for a person (interrupt) and write their answer's resolutions; the
+        caller then dispatches again. A bad answer is asked again, saying what was wrong."""
+        payload = {"kind": BLOCKED_KIND, "tool": done.name, "call_id": done.call_id,
+                   "message": done.error, "journal": str(journal.path),
+                   "ambiguous_executions": (done.output or {}).get("ambiguous_executions", []),
+                   "answer": {"execution_id": "...", "outcome": "succeeded|failed|not_performed",
+                              "actor": "...", "note": "...", "output": "optional"}}
+        if problem is not None:
+            payload["problem"] = problem
+        answer = _lg_types.interrupt(payload)
+        try:
+            resolve(journal, answer)
+        except (walj.ResolutionError, ValueError, TypeError) as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return None
+
+
+def _checkpointed(request: ToolCallRequest) -> bool:
+    """Whether the graph runs with a checkpointer: LangGraph puts it in the run's configurable
+    under this key. Without one an interrupt could never be resumed, so the blocked call is
+    answered with the error ToolMessage instead (and if the key ever moves, that is what
+    happens: nothing pauses a graph that cannot resume)."""
+    config = getattr(getattr(request, "runtime", None), "config", None)
+    configurable = config.get("configurable") if isinstance(config, Mapping) else None
+    return isinstance(configurable, Mapping) and configurable.get(
+        "__pregel_checkpointer") is not None
+
+
+def resolve(journal: walj.ToolJournal, answer: Any) -> None:
+    """Write the resolutions a person's `Command(resume=answer)` carries (see the module's
+    documentation). A resolution already written (the task ran again) is skipped."""
+    answers = answer if isinstance(answer, list) else [answer]
+    if not answers or not all(isinstance(a, Mapping) for a in answers):
+        raise TypeError("a walj answer is a dict (or a list of dicts) with execution_id, "
+                        "outcome and actor, or turn_sequence and actor")
+    for item in answers:
+        actor, note = item.get("actor"), item.get("note")
+        try:
+            if "turn_sequence" in item:
+                journal.resolve_turn(item["turn_sequence"], note=note, actor=actor)
+            else:
+                journal.resolve(item.get("execution_id"), item.get("outcome"), note=note,
+                                actor=actor, output=item.get("output"))
+        except walj.ResolutionError as exc:
+            if exc.reason not in ("already_resolved", "already_terminal"):
+                raise
+
+
+__all__ = ["BLOCKED_KIND", "RESUMED_STEP_ACTOR", "OnBlocked", "ToolMessageError",
+           "WaljMiddleware", "resolve", "thread_id_of"]
