@@ -13,6 +13,7 @@ from types import TracebackType
 from typing import Any
 
 from ..errors import PoisonedError, RecordTooLargeError
+from ._compaction import Compaction
 from ._durability import interval_loop, io_failure
 from ._format import encode_record, frame_record
 from ._fs import DEFAULT_FS, FileSystem, write_all
@@ -38,7 +39,7 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-class Log(Rotation):
+class Log(Compaction, Rotation):
     """An open write-ahead log. Use `Log.open`; a `Log` is a context manager.
 
     Interrupt safety: an exception (KeyboardInterrupt, SystemExit) landing anywhere inside a
@@ -73,6 +74,7 @@ class Log(Rotation):
         self._closed = False
         self._log_id = ""
         self._stop = threading.Event()
+        self._drop_lock = threading.Lock()
         self._syncer: threading.Thread | None = None
         self.problems: list[Problem] = []
         self.torn_tail: Quarantined | None = None

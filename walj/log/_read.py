@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 
 from .. import _codec
 from ..errors import CorruptionError, WaljError
+from ._base import Base
 from ._fs import DEFAULT_FS, FileSystem
 from ._scan import LogScan, TornTail
 from ._segment import Problem
@@ -33,6 +34,8 @@ class VerifyReport:
     problems: list[Problem] = field(default_factory=list)
     log_id: str | None = None
     last_seq: int = 0
+    base: Base | None = None  # where a compacted log begins; None: at segment 1
+    leftovers: list[str] = field(default_factory=list)  # below the base: an interrupted drop's
 
 
 def _check_directory(path: str) -> None:
@@ -90,4 +93,6 @@ def verify(path: str | os.PathLike[str], *, _fs: FileSystem = DEFAULT_FS) -> Ver
         problems=scan.problems,
         log_id=scan.log_id,
         last_seq=scan.last_seq,
+        base=scan.base,
+        leftovers=scan.leftovers,
     )
