@@ -24,6 +24,8 @@ from cli_helpers import (
 )
 from helpers import segments
 
+import walj
+
 
 @pytest.fixture(scope="module")
 def zipapp(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
@@ -126,3 +128,25 @@ def test_read_commands_match_the_library_and_write_nothing(zipapp: dict[str, Pat
         assert "Traceback" not in refused.err
     assert snapshot(root) == before
     assert not (tmp_path / "demo").exists()
+
+
+def test_a_compacted_log_verifies_and_dumps_from_its_base(zipapp: dict[str, Path],
+                                                          tmp_path: Path) -> None:
+    """The stdlib-only reader follows BASE as the library does, and a forged marker is damage
+    there too."""
+    path = tmp_path / "compacted"
+    make_plain_log(path, 80, segment_bytes=1024)
+    with walj.Log.open(path, segment_bytes=1024) as log:
+        assert log.drop_before(40) > 0
+    first = walj.verify(path).base.first_seq  # type: ignore[union-attr]
+    run = forensic(zipapp, "verify", "--json", path)
+    assert run.code == 0, run.err
+    report = json.loads(run.out)
+    assert report["ok"] and report["base"]["first_seq"] == first and report["last_seq"] == 80
+    dump = forensic(zipapp, "dump", "--json", path)
+    assert dump.code == 0, dump.err
+    assert [line["seq"] for line in dump.lines()] == list(range(first, 81))
+    marker = path / "BASE"
+    marker.write_bytes(marker.read_bytes().replace(b'"first":', b'"first":9'))
+    bad = forensic(zipapp, "verify", "--json", path)
+    assert bad.code != 0 and "bad_base" in [p["kind"] for p in json.loads(bad.out)["problems"]]
