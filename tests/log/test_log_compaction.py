@@ -370,3 +370,49 @@ def test_syscall_order_of_a_drop(tmp_path: Path) -> None:
     assert [t for op, t in drop if op == "unlink"] == sorted(
         t for op, t in drop if op == "unlink")  # oldest first
     assert ("fsync", "DIR") in drop[unlinks[-1]:]
+
+
+# --- close(seal=True): a finished log whose every segment is sealed -----------------------------
+
+
+def test_close_with_seal_seals_the_last_segment_and_a_reopen_starts_the_next(
+        logdir: Path) -> None:
+    records = make_records(30)
+    with walj.Log.open(logdir, segment_bytes=SEG) as log:
+        for record in records:
+            log.append(record)
+        log.close(seal=True)
+        log.close(seal=True)  # closed: nothing more is written
+    last = segments(logdir)[-1].read_bytes().splitlines()[-1]
+    assert b'"seal":' in last and f'"last":{len(records)}'.encode() in last
+    assert _check(logdir, records, 1) == 1
+    with walj.Log.open(logdir, segment_bytes=SEG) as log:
+        assert log.last_seq == len(records)
+        sealed = len(segments(logdir)) - 1  # every segment but the one the reopen made
+        assert log.drop_before(log.last_seq + 1) == sealed
+        log.close(seal=True)  # an empty active segment seals too (0 records)
+    _check(logdir, records, len(records) + 1)
+
+
+@pytest.mark.parametrize("mode", CRASH_MODES)
+def test_a_crash_at_every_call_of_a_sealing_close_keeps_every_record(
+        tmp_path: Path, mode: str) -> None:
+    records = make_records(12)
+    for after in (False, True):
+        for k in range(3):  # the seal's write, its sync, and nothing after
+            path = tmp_path / f"log-{k}-{after}"
+            fs = FaultyFS(freeze_on_crash=True)
+            log = walj.Log.open(path, segment_bytes=SEG, _fs=fs)
+            for record in records:
+                log.append(record)
+            fs.crash_at("any", k + 1, after=after)
+            try:
+                log.close(seal=True)
+            except SimulatedCrash:
+                pass
+            fs.crash(mode, random.Random(k))
+            abandon(log)
+            assert _check(path, records, 1) == 1, (k, after)
+            with walj.Log.open(path, segment_bytes=SEG) as reopened:
+                assert reopened.last_seq == len(records)
+            _check(path, records, 1)

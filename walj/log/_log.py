@@ -282,8 +282,9 @@ class Log(Compaction, Rotation):
 
     # --- failure and closing -------------------------------------------------------------------
 
-    def close(self) -> None:
-        """Sync what was appended (in every sync mode), then release the directory. Raises
+    def close(self, *, seal: bool = False) -> None:
+        """Sync what was appended (in every sync mode), then release the directory; with
+        `seal`, seal the active segment first (and open no next one). Raises
         PoisonedError (once) if an earlier failure or interrupt poisoned the handle, since
         records it acknowledged as written may not be durable. If an interrupt stops it, the
         handle is still open (usable) or closed but not yet released: call close() again."""
@@ -292,13 +293,13 @@ class Log(Compaction, Rotation):
         if syncer is not None and syncer is not threading.current_thread():
             syncer.join()
         if not self._forked:  # a forked child only lets go of the parent's descriptors
-            self._close_locked()
+            self._close_locked(seal)
         self._release()
         failure, self._close_failure = self._close_failure, None
         if failure is not None:
             raise failure
 
-    def _close_locked(self) -> None:
+    def _close_locked(self, seal: bool) -> None:
         with self._lock:
             while self._syncing:
                 self._cond.wait()
@@ -308,6 +309,11 @@ class Log(Compaction, Rotation):
                 self._close_failure = PoisonedError(
                     f"{self._dir} was poisoned ({self._poisoned}); records after seq "
                     f"{self._durable_seq} may not be durable")
+            elif seal and self._fd >= 0:
+                try:
+                    self._seal_for_close()
+                except PoisonedError as exc:
+                    self._close_failure = exc
             elif self._fd >= 0 and self._durable_seq < self._next_seq - 1:
                 try:
                     self._fs.sync(self._fd)
