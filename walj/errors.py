@@ -91,5 +91,10 @@ class UnknownToolError(WaljError, LookupError):
     """Dispatch named a tool that is not registered and no handler was given; nothing written."""
 
 
+class SessionEndedError(WaljError, RuntimeError):
+    """The session was ended (`ToolJournal.end`): it takes no new turn or LLM call. Its
+    blockers may still be resolved."""
+
+
 class TurnError(WaljError, RuntimeError):
     """A turn was misused: dispatch outside a live turn, or a second turn while one is live."""

@@ -116,7 +116,7 @@ def test_read_commands_match_the_library_and_write_nothing(zipapp: dict[str, Pat
     sweep = forensic(zipapp, "sweep", root, "--json")
     assert sweep.code == 1, sweep.err
     assert {Path(s["path"]).name: s["status"] for s in sweep.json()["sessions"]} == {
-        "blocked": "blocked", "clean": "clean"}
+        "blocked": "blocked", "clean": "active"}
     for command in ("stats", "tail"):
         assert forensic(zipapp, command, blocked).code == 0
     text = forensic(zipapp, "inspect", blocked)

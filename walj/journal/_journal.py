@@ -183,7 +183,7 @@ class ToolJournal:
     def llm_call(self, *, model: str | None = None, request: Any = None) -> LLMCall:
         """`with journal.llm_call(model=..., request=...) as call:` then `call.finish(response)`.
         An interrupt leaves it pending; pending calls are reported on open."""
-        self._core.check_open()
+        self._core.check_not_ended()
         live = self._core.live_turn
         return LLMCall(self._core, live.sequence if live is not None else None, model, request)
 
@@ -251,6 +251,21 @@ class ToolJournal:
         """Write what is queued, then close the log (syncing what was appended). Idempotent;
         raises PoisonedError (once) if the log was poisoned."""
         self._core.close()
+
+    def end(self) -> None:
+        """End the session: durably record `session_ended`, then close the journal, sealing
+        its last segment so that every segment is sealed (wholly archivable). Blockers stay:
+        an ended session with unresolved blockers is still blocked, and may be reopened to
+        resolve them. A reopened ended session refuses new turns and LLM calls
+        (SessionEndedError). Refused while a turn is live (TurnError). Idempotent."""
+        if self._core.closed and self._core.state.ended_seq is not None:
+            return
+        self._core.end_session()
+
+    @property
+    def ended(self) -> bool:
+        """True once the session was ended (now or by an earlier run)."""
+        return self._core.state.ended_seq is not None
 
     def __enter__(self) -> ToolJournal:
         return self

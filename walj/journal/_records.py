@@ -10,7 +10,11 @@ from typing import Any
 # it cannot fully understand rather than miss a blocker. Version 2 named every field in full
 # (docs/RECOVERY.md, "Records"); version 1's short keys (`k`, `v`, `o`, ...) are refused.
 CONTRACT_VERSION = 2
-SUPPORTED_VERSIONS = frozenset({CONTRACT_VERSION})
+# session_ended alone carries version 3, so that a walj that predates it refuses an ended
+# session as unsupported (UnsupportedVersionError) rather than as damage; every other record
+# is unchanged and still carries 2.
+ENDED_CONTRACT_VERSION = 3
+SUPPORTED_VERSIONS = frozenset({CONTRACT_VERSION, ENDED_CONTRACT_VERSION})
 
 TURN_STARTED = "turn_started"
 TURN_COMPLETED = "turn_completed"
@@ -26,6 +30,7 @@ LLM_FINISHED = "llm_call_finished"
 LLM_RESOLVED = "llm_call_resolved"
 LOG_CUT = "log_cut"
 LOG_CUT_RESOLVED = "log_cut_resolved"
+SESSION_ENDED = "session_ended"
 
 # The field that names what a record is about, by kind (turn records name a turn_sequence).
 SUBJECT = {
@@ -154,3 +159,4 @@ class Recovery:
     records: int
     last_seq: int
     cuts: tuple[Cut, ...] = ()
+    ended: bool = False  # a session_ended record was written (ToolJournal.end)

@@ -128,6 +128,7 @@ class RecoveryState:
         self.paired_turn: int | None = None  # the turn the last turn_completed completed
         self.records = 0
         self.last_seq = 0
+        self.ended_seq: int | None = None  # the session_ended record's seq
         self._handlers: dict[str, Callable[[int, Mapping[str, Any]], None]] = {
             r.TURN_STARTED: self._turn_started, r.TURN_COMPLETED: self._turn_completed,
             r.TURN_RESOLVED: self._turn_resolved, r.STARTED: self._started,
@@ -135,7 +136,7 @@ class RecoveryState:
             r.RESOLVED: self._resolved, r.RECONCILE_FAILED: self._reconcile_failed,
             r.LLM_STARTED: self._llm_started, r.LLM_FINISHED: self._llm_finished,
             r.LLM_RESOLVED: self._llm_resolved, r.LOG_CUT: self.cuts.log_cut,
-            r.LOG_CUT_RESOLVED: self._cut_resolved,
+            r.LOG_CUT_RESOLVED: self._cut_resolved, r.SESSION_ENDED: self._session_ended,
         }
 
     # --- feeding --------------------------------------------------------------------------------
@@ -195,12 +196,14 @@ class RecoveryState:
         version = record.get("version")
         if version is None and "v" in record:  # walj 0.1's short keys: contract version 1
             version = record["v"]
-        if type(version) is not int or version not in r.SUPPORTED_VERSIONS:
+        kind = record.get("kind")
+        if type(version) is not int or version not in r.SUPPORTED_VERSIONS or (
+                (version == r.ENDED_CONTRACT_VERSION) != (kind == r.SESSION_ENDED)):
+            # session_ended is the one kind of version 3, and it has no other version.
             raise UnsupportedVersionError(
                 f"journal record {seq} has contract version {show(version)}; this walj knows "
                 f"{', '.join(str(v) for v in sorted(r.SUPPORTED_VERSIONS))} and refuses to guess",
                 seq=seq, kind="unsupported_contract_version")
-        kind = record.get("kind")
         handler = self._handlers.get(kind) if isinstance(kind, str) else None
         if handler is None:
             raise CorruptionError(f"journal record {seq} has unknown kind {show(kind)}",
@@ -229,6 +232,10 @@ class RecoveryState:
 
     def _ignore(self, seq: int, record: Mapping[str, Any]) -> None:
         pass
+
+    def _session_ended(self, seq: int, record: Mapping[str, Any]) -> None:
+        if self.ended_seq is None:
+            self.ended_seq = seq
 
     def _turn_started(self, seq: int, record: Mapping[str, Any]) -> None:
         self._open_turn(seq, record.get("turn_sequence"), _time(record))
@@ -394,7 +401,8 @@ class RecoveryState:
         return Recovery(blocked=bool(blockers), blockers=tuple(blockers),
                         incomplete_turns=tuple(incomplete), pending_llm_calls=tuple(pending),
                         resolved=tuple(self.resolutions), records=self.records,
-                        last_seq=self.last_seq, cuts=tuple(self.cuts.cuts.values()))
+                        last_seq=self.last_seq, cuts=tuple(self.cuts.cuts.values()),
+                        ended=self.ended_seq is not None)
 
     def blocker(self, execution_id: str) -> Blocker:
         """The blocker view of an open execution (KeyError if it is not open)."""
