@@ -80,3 +80,19 @@ def test_end_refuses_while_a_turn_is_live(tmp_path: Path) -> None:
             journal.end()
     with walj.ToolJournal.open(path, tools=TOOLS) as journal:
         assert not journal.ended
+
+
+def test_a_compacted_journal_is_refused_not_rebuilt_from_its_base(tmp_path: Path) -> None:
+    """Records before the base are gone; an execution started there would be missed."""
+    path = tmp_path / "s"
+    make_journal(path, turns=2, segment_bytes=1024)
+    with walj.ToolJournal.open(path, tools=TOOLS, segment_bytes=1024) as journal:
+        journal.end()
+    with walj.Log.open(path, segment_bytes=1024) as log:
+        assert log.drop_before(log.last_seq) > 0
+        first = log.first_seq
+    before = sorted(p.name for p in path.iterdir())
+    with pytest.raises(walj.WaljError, match="compacted"):
+        walj.ToolJournal.open(path, tools=TOOLS, segment_bytes=1024)
+    assert sorted(p.name for p in path.iterdir()) == before
+    assert next(iter(walj.read(path))).seq == first

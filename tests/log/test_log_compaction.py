@@ -65,7 +65,9 @@ def test_drop_before_drops_whole_sealed_segments_and_readers_start_at_the_base(
     seq = 30
     keep = max(i for i, f in firsts.items() if f <= seq)  # the segment holding seq stays
     with walj.Log.open(logdir, segment_bytes=SEG) as log:
+        assert log.first_seq == 1
         assert log.drop_before(seq) == keep - 1
+        assert log.first_seq == firsts[keep]
         assert log.drop_before(seq) == 0  # nothing more to do
         log.append({"after": "drop"})
         records.append({"after": "drop"})
@@ -79,6 +81,7 @@ def test_drop_before_drops_whole_sealed_segments_and_readers_start_at_the_base(
     assert next(iter(walj.read(logdir, seq))).seq == seq
     # a second drop moves the base on; the marker is replaced, never appended to
     with walj.Log.open(logdir, segment_bytes=SEG) as log:
+        assert log.first_seq == firsts[keep]
         assert log.drop_before(log.last_seq + 1) >= 1
         assert len(segments(logdir)) == 1  # only the active segment is left
     assert (logdir / "BASE").read_bytes().count(b"\n") == 1

@@ -12,7 +12,7 @@ from types import MappingProxyType, TracebackType
 from typing import Any
 
 from ..errors import UnknownToolError, WaljError
-from ..log import Log
+from ..log import BASE_NAME, Log
 from . import _resolve
 from ._core import Core
 from ._fingerprint import (
@@ -80,6 +80,13 @@ class ToolJournal:
         redactor = Redactor(redact_keys)
         state = RecoveryState()
         # The one internal hook of the log: each verified record's bytes, during the open's scan.
+        if os.path.lexists(os.path.join(path, BASE_NAME)):
+            # Compacted (Log.drop_before): the records before its base are gone, and an
+            # execution started there and never settled would be missed. Fail closed, before
+            # the log is opened (and its replay fed records that begin mid-session).
+            raise WaljError(f"{os.fspath(path)} was compacted (it has a {BASE_NAME} marker): a "
+                            "tool journal is rebuilt from its first record, so it cannot be "
+                            "opened; read it with walj.read or `walj dump`")
         log = Log.open(path, _replay=state.feed_json, **log_options)
         try:
             core = Core(

@@ -22,6 +22,13 @@ class Compaction(Durability):
     _index: int
     _log_id: str
     _drop_lock: threading.Lock
+    _first_seq: int
+
+    @property
+    def first_seq(self) -> int:
+        """The seq the log now begins at: 1, or, once `drop_before` dropped segments, the
+        first seq of the first kept segment (its base)."""
+        return self._first_seq
 
     def drop_before(self, seq: int) -> int:
         """Delete every sealed segment whose records all come before `seq`, and return how
@@ -79,6 +86,7 @@ class Compaction(Durability):
             return removed
         base = self._new_base(target[1], kept[target[0] - first - 1][1])
         write_base(self._fs, self._dir, base)
+        self._first_seq = base.first_seq
         return removed + self._remove([name for _, name in kept[:target[0] - first]],
                                       sync_first=False)
 

@@ -75,6 +75,7 @@ class Log(Compaction, Rotation):
         self._log_id = ""
         self._stop = threading.Event()
         self._drop_lock = threading.Lock()
+        self._first_seq = 1
         self._syncer: threading.Thread | None = None
         self.problems: list[Problem] = []
         self.torn_tail: Quarantined | None = None
@@ -133,6 +134,7 @@ class Log(Compaction, Rotation):
         self.problems = found.problems
         self.torn_tail = found.torn_tail
         self._log_id = found.log_id
+        self._first_seq = found.first_seq
         if self._read_only:
             self._next_seq = found.last_seq + 1
             self._closed = self._unusable = True  # nothing to write; reads go through walj.read
