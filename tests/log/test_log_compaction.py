@@ -21,7 +21,13 @@ from faultfs import CRASH_MODES, FaultyFS, SimulatedCrash, abandon
 from helpers import make_records, segments
 
 import walj
-from walj.errors import ClosedError, CorruptionError, PoisonedError, WaljError
+from walj.errors import (
+    ClosedError,
+    CorruptionError,
+    DroppedWhileReadingError,
+    PoisonedError,
+    WaljError,
+)
 
 SEG = 1024
 
@@ -419,3 +425,17 @@ def test_a_crash_at_every_call_of_a_sealing_close_keeps_every_record(
             with walj.Log.open(path, segment_bytes=SEG) as reopened:
                 assert reopened.last_seq == len(records)
             _check(path, records, 1)
+
+
+def test_a_reader_overtaken_by_a_drop_gets_a_typed_error_naming_the_new_start(
+        logdir: Path) -> None:
+    records = _build(logdir, 80)
+    reader = walj.read(logdir)
+    assert next(reader).seq == 1  # the first segment is open; the next ones are not yet
+    with walj.Log.open(logdir, segment_bytes=SEG) as log:
+        assert log.drop_before(60) >= 2
+        first = log.first_seq
+    with pytest.raises(DroppedWhileReadingError) as info:
+        list(reader)
+    assert info.value.first_seq == first
+    _check(logdir, records, 60)

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from .. import _codec
-from ..errors import CorruptionError, WaljError
-from ._base import Base
+from ..errors import CorruptionError, DroppedWhileReadingError, WaljError
+from ._base import Base, read_base
 from ._fs import DEFAULT_FS, FileSystem
 from ._scan import LogScan, TornTail
 from ._segment import Problem
@@ -67,15 +67,24 @@ def read(
                    report_holes=True)
     decode, decode_error = _codec.raw_decoder()
     salvage = recovery == "salvage"
-    for seq, data in scan:
-        try:
-            value = decode(data)
-        except (decode_error, RecursionError) as exc:  # checksummed, yet written by no walj
-            if salvage:
-                continue
-            raise CorruptionError(f"record {seq} of {directory} cannot be decoded: {exc}",
-                                  seq=seq, kind="bad_line") from exc
-        yield Record(seq, value)
+    try:
+        for seq, data in scan:
+            try:
+                value = decode(data)
+            except (decode_error, RecursionError) as exc:  # checksummed, yet by no walj
+                if salvage:
+                    continue
+                raise CorruptionError(f"record {seq} of {directory} cannot be decoded: {exc}",
+                                      seq=seq, kind="bad_line") from exc
+            yield Record(seq, value)
+    except FileNotFoundError as exc:
+        base = read_base(_fs, directory)
+        if base is None or (scan.base is not None and base.index <= scan.base.index):
+            raise  # not a drop: the file system changed under the reader some other way
+        raise DroppedWhileReadingError(
+            f"{directory}: segments were dropped (Log.drop_before) while this read went on; "
+            f"the log now begins at seq {base.first_seq}: read again from there",
+            first_seq=base.first_seq) from exc
 
 
 def verify(path: str | os.PathLike[str], *, _fs: FileSystem = DEFAULT_FS) -> VerifyReport:
