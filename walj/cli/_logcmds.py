@@ -67,7 +67,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     base = log_scan.base
     ok = not log_scan.problems and not (args.strict and torn is not None)
     report: dict[str, Any] = {
-        "schema": "walj.verify/1",
+        "schema": "walj.verify/2",
         "path": path,
         "ok": ok,
         "log_id": log_scan.log_id,
@@ -79,7 +79,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         "torn_tail": torn_json(torn),
         "problems": [problem_json(p) for p in log_scan.problems],
         "quarantine": quarantine_entries(path),
-        # A compacted log (Log.drop_before) begins at its base marker; additive in schema 1.
+        # A compacted log (Log.drop_before) begins at its base marker (schema 2).
         "base": None if base is None else {"segment": base.index, "first_seq": base.first_seq,
                                            "prev": base.prev_seal},
         "leftovers": list(log_scan.leftovers),
