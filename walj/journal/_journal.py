@@ -266,6 +266,7 @@ class ToolJournal:
         resolve them. A reopened ended session refuses new turns and LLM calls
         (SessionEndedError). Refused while a turn is live (TurnError). Idempotent."""
         if self._core.closed and self._core.state.ended_seq is not None:
+            self._core.close()  # finishes a close an interrupt stopped; else does nothing
             return
         self._core.end_session()
 
