@@ -439,3 +439,45 @@ def test_a_reader_overtaken_by_a_drop_gets_a_typed_error_naming_the_new_start(
         list(reader)
     assert info.value.first_seq == first
     _check(logdir, records, 60)
+
+
+SEAL_CHILD = textwrap.dedent("""
+    import sys, walj
+    log = walj.Log.open(sys.argv[1], segment_bytes=1024, sync="never")
+    for i in range(5):
+        log.append({"i": i})
+    log.close(seal=True)
+""")
+
+
+@pytest.mark.skipif(STRACE is None, reason="strace is not installed")
+def test_syscall_order_of_a_sealing_close(tmp_path: Path) -> None:
+    """The seal is the last write to the segment and is fdatasynced; no next segment is made."""
+    out = tmp_path / "trace"
+    log = tmp_path / "log"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    subprocess.run([str(STRACE), "-f", "-qq", "-o", str(out), "-e",
+                    "trace=openat,write,fdatasync,fsync", sys.executable, "-c", SEAL_CHILD,
+                    str(log)], check=True, env=env)
+    fds: dict[str, str] = {}
+    events: list[tuple[str, str]] = []
+    for line in out.read_text().splitlines():
+        call = line.split(None, 1)[1] if line[:1].isdigit() else line
+        op = call.split("(", 1)[0]
+        args = call[len(op) + 1:]
+        result = call.rsplit("=", 1)[-1].strip().split()[0] if "=" in call else ""
+        if op == "openat":
+            target = args.split('"')[1]
+            if result.isdigit():
+                fds[result] = target
+        else:
+            fd = re.match(r"\d+", args)
+            target = fds.get(fd.group(0), "?") if fd else "?"
+        if "seg-" in target and target.startswith(str(log)):
+            # the descriptor was opened under the temporary name, before the rename
+            events.append((op, os.path.basename(target).removesuffix(".tmp")))
+    segment_events = [e for e in events if e[1] == "seg-0000000001.jsonl"]
+    assert segment_events[-2:] == [("write", "seg-0000000001.jsonl"),
+                                   ("fdatasync", "seg-0000000001.jsonl")]
+    assert not any("seg-0000000002" in t for _, t in events)
+    assert b'"seal":' in (log / "seg-0000000001.jsonl").read_bytes().splitlines()[-1]
