@@ -481,3 +481,25 @@ def test_syscall_order_of_a_sealing_close(tmp_path: Path) -> None:
                                    ("fdatasync", "seg-0000000001.jsonl")]
     assert not any("seg-0000000002" in t for _, t in events)
     assert b'"seal":' in (log / "seg-0000000001.jsonl").read_bytes().splitlines()[-1]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "symlink"])
+def test_a_base_tmp_that_is_not_a_regular_file_is_refused_and_nothing_dropped(
+        logdir: Path, tmp_path: Path, kind: str) -> None:
+    records = _build(logdir)
+    tmp = logdir / "BASE.tmp"
+    if kind == "fifo":
+        os.mkfifo(tmp)
+    elif kind == "directory":
+        tmp.mkdir()
+    else:
+        tmp.symlink_to(tmp_path / "elsewhere")
+    with walj.Log.open(logdir, segment_bytes=SEG) as log:
+        names = sorted(os.listdir(logdir))
+        with pytest.raises(CorruptionError) as info:
+            log.drop_before(40)
+        assert info.value.kind in ("not_a_regular_file", "symlink")
+        assert not log.poisoned
+        assert sorted(os.listdir(logdir)) == names
+        log.append({"still": "usable"})
+    _check(logdir, [*records, {"still": "usable"}], 1)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from dataclasses import dataclass
 
 from .. import _codec
 from ..errors import CorruptionError
 from . import _format as fmt
-from ._fs import FileSystem, write_all
+from ._fs import FileSystem, not_regular, write_all
 from ._segment import Problem, read_ends
 
 BASE_NAME = "BASE"
@@ -92,9 +93,13 @@ def write_base(fs: FileSystem, directory: str, base: Base) -> None:
     BASE, sync the directory. Only after this returns may a dropped segment be unlinked."""
     tmp = os.path.join(directory, BASE_TMP)
     try:
-        fs.unlink(tmp)  # a drop that died before its rename left it
+        st = fs.stat(tmp)
     except FileNotFoundError:
         pass
+    else:
+        if not stat.S_ISREG(st.st_mode):
+            raise not_regular(tmp, st)  # not something a drop left: refuse, remove nothing
+        fs.unlink(tmp)  # a drop that died before its rename left it
     fd = fs.create(tmp)
     try:
         write_all(fs, fd, base.line())
