@@ -503,3 +503,39 @@ def test_a_base_tmp_that_is_not_a_regular_file_is_refused_and_nothing_dropped(
         assert sorted(os.listdir(logdir)) == names
         log.append({"still": "usable"})
     _check(logdir, [*records, {"still": "usable"}], 1)
+
+
+class _PausingFS(FaultyFS):
+    """Stops a drop just before its marker's rename until the test lets it go on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.at_rename = threading.Event()
+        self.go_on = threading.Event()
+
+    def rename(self, src: str, dst: str) -> None:
+        if dst.endswith("BASE"):
+            self.at_rename.set()
+            self.go_on.wait(timeout=60)
+        super().rename(src, dst)
+
+
+def test_close_waits_for_a_drop_under_way(logdir: Path) -> None:
+    """Were the directory let go mid-drop, another writer could compact further and this drop's
+    older marker would then land over the newer one, naming a segment that is gone."""
+    records = _build(logdir)
+    fs = _PausingFS()
+    log = walj.Log.open(logdir, segment_bytes=SEG, _fs=fs)
+    dropper = threading.Thread(target=log.drop_before, args=(40,))
+    dropper.start()
+    assert fs.at_rename.wait(timeout=60)
+    closer = threading.Thread(target=log.close)
+    closer.start()
+    closer.join(timeout=0.3)
+    still_waiting = closer.is_alive()  # slow scheduling can only make this pass, never fail
+    fs.go_on.set()
+    dropper.join()
+    closer.join()
+    assert still_waiting, "close() returned while a drop was under way"
+    _check(logdir, records, 40)
+    assert walj.verify(logdir).leftovers == []

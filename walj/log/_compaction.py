@@ -21,7 +21,7 @@ class Compaction(Durability):
 
     _index: int
     _log_id: str
-    _drop_lock: threading.Lock
+    _drop_lock: threading.RLock
     _first_seq: int
 
     @property

@@ -74,7 +74,7 @@ class Log(Compaction, Rotation):
         self._closed = False
         self._log_id = ""
         self._stop = threading.Event()
-        self._drop_lock = threading.Lock()
+        self._drop_lock = threading.RLock()  # reentrant: a signal handler may close
         self._first_seq = 1
         self._syncer: threading.Thread | None = None
         self.problems: list[Problem] = []
@@ -295,8 +295,10 @@ class Log(Compaction, Rotation):
         if syncer is not None and syncer is not threading.current_thread():
             syncer.join()
         if not self._forked:  # a forked child only lets go of the parent's descriptors
-            self._close_locked(seal)
-        self._release()
+            with self._drop_lock:  # a drop under way ends before the directory is let go
+                self._close_locked(seal)
+                self._release()
+        self._release()  # idempotent
         failure, self._close_failure = self._close_failure, None
         if failure is not None:
             raise failure
