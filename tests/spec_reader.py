@@ -19,6 +19,14 @@ What it implements, with the FORMAT.md section each rule comes from:
 - *seal*: last line of every segment but the active one; `last` the last seq in the segment,
   `records` how many it holds, `sha256` of every byte before the seal line; the next header's
   `prev` repeats it. Nothing follows a seal.
+- *Compaction*: `BASE`, when present, is one line (under 1024 bytes) framed like the others,
+  `{"base":{"v":1,"log":...,"seg":N,"first":S,"prev":<64 hex>}}`, with seg and first at least 2;
+  the log then starts at segment N: lower indexes are leftovers and are not read, segment N
+  must exist and its header's log, first and prev must equal the marker's. A BASE that is not a
+  regular file or does not verify is damage (`bad_base`); a mismatch is damage too (this
+  reader names it as the chain or seq check that fails; FORMAT.md does not say which).
+  (FORMAT.md also checks a leftover just below the base against the marker; this reader does
+  not read leftovers at all.)
 - *Recovery*: damage at the end of the last segment with no verified line after it (an
   incomplete line, a line whose checksum fails, zeros, a header that never became valid) is a
   torn tail: its records were never acknowledged, and the log ends before it. So is a crash
@@ -35,6 +43,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -149,13 +158,21 @@ def read_log(path: str | os.PathLike[str]) -> SpecLog:
         if match:
             found.append((int(match.group(1)), name))
     found.sort()
+    base = _read_base(directory)
+    first_index = base["seg"] if base else 1
+    found = [(index, name) for index, name in found if index >= first_index]
     log = SpecLog(segments=[name for _, name in found])
-    for position, (index, name) in enumerate(found, start=1):
+    if base and (not found or found[0][0] != first_index):
+        raise SpecError(f"segment {first_index}, named by BASE, is missing", file="BASE",
+                        offset=0, kind="missing_segment")
+    for position, (index, name) in enumerate(found, start=first_index):
         if index != position:
             raise SpecError(f"segment {position} is missing", file=name, offset=0,
                             kind="missing_segment")
-    prev_seal = ""
-    next_seq = 1
+    prev_seal = base["prev"] if base else ""
+    next_seq = base["first"] if base else 1
+    if base:
+        log.log_id = base["log"]
     for position, (index, name) in enumerate(found, start=1):
         last = position == len(found)
         with open(os.path.join(directory, name), "rb") as f:
@@ -166,6 +183,30 @@ def read_log(path: str | os.PathLike[str]) -> SpecLog:
         if ended:
             break
     return log
+
+
+def _read_base(directory: str) -> dict[str, Any] | None:
+    """The BASE marker's fields, None without one; SpecError when it is not a verified one."""
+    path = os.path.join(directory, "BASE")
+    if not os.path.lexists(path):
+        return None
+    if not stat.S_ISREG(os.lstat(path).st_mode):
+        raise SpecError("BASE is not a regular file", file="BASE", offset=0,
+                        kind="not_a_regular_file")
+    with open(path, "rb") as f:
+        data = f.read(1024)
+    lines = _lines(data)
+    value = lines[0].value if len(lines) == 1 and lines[0].complete else None
+    base = value.get("base") if value is not None and list(value) == ["xxh64", "base"] else None
+    if not (isinstance(base, dict) and base.get("v") == 1 and len(data) < 1024
+            and isinstance(base.get("log"), str) and re.fullmatch(r"[0-9a-f]{32}", base["log"])
+            and _is_int(base.get("seg")) and base["seg"] >= 2
+            and _is_int(base.get("first")) and base["first"] >= 2
+            and isinstance(base.get("prev"), str)
+            and re.fullmatch(r"[0-9a-f]{64}", base["prev"])):
+        raise SpecError("BASE is not a verified base line", file="BASE", offset=0,
+                        kind="bad_base")
+    return base
 
 
 def _read_segment(log: SpecLog, name: str, index: int, data: bytes, lines: list[_Line],

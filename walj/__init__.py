@@ -17,6 +17,7 @@ from .errors import (
     ClosedError,
     CorruptionError,
     DiskFullError,
+    DroppedWhileReadingError,
     LockedError,
     PoisonedError,
     RecordTooLargeError,
@@ -81,6 +82,7 @@ __all__ = [
     "ClosedError",
     "CorruptionError",
     "DiskFullError",
+    "DroppedWhileReadingError",
     "LockedError",
     "PoisonedError",
     "RecordTooLargeError",
@@ -94,6 +96,7 @@ __all__ = [
 
 from .errors import (  # noqa: E402
     ResolutionError,
+    SessionEndedError,
     ToolBlocked,
     ToolCancelled,
     ToolOutcomeUnknown,
@@ -122,6 +125,7 @@ __all__ += [
     "Recovery",
     "Resolution",
     "ResolutionError",
+    "SessionEndedError",
     "Tool",
     "ToolBlocked",
     "ToolCancelled",

@@ -91,5 +91,19 @@ class UnknownToolError(WaljError, LookupError):
     """Dispatch named a tool that is not registered and no handler was given; nothing written."""
 
 
+class DroppedWhileReadingError(WaljError):
+    """A reader reached a segment that `Log.drop_before` removed while it was reading: the
+    records it would have read next are gone on purpose. Read again from `first_seq`."""
+
+    def __init__(self, message: str, *, first_seq: int) -> None:
+        super().__init__(message)
+        self.first_seq = first_seq
+
+
+class SessionEndedError(WaljError, RuntimeError):
+    """The session was ended (`ToolJournal.end`): it takes no new turn or LLM call. Its
+    blockers may still be resolved."""
+
+
 class TurnError(WaljError, RuntimeError):
     """A turn was misused: dispatch outside a live turn, or a second turn while one is live."""

@@ -101,7 +101,7 @@ def test_sweep_and_inspect_over_an_archived_root(archive: Archive, tmp_path: Pat
     assert code == 1, err
     swept = json.loads(out)
     status = {e["path"].rsplit("/", 1)[1]: e["status"] for e in swept["sessions"]}
-    assert status == {ids["clean-1"]: "clean", ids["clean-2"]: "clean",
+    assert status == {ids["clean-1"]: "active", ids["clean-2"]: "active",
                       ids["blocked"]: "blocked", ids["corrupt"]: "corrupt"}
     assert swept["counts"]["blocked"] == 1 and swept["counts"]["corrupt"] == 1
     code, out, _ = run(capsys, "inspect", f"{archive.url}/{ids['blocked']}", "--json")

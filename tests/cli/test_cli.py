@@ -49,8 +49,9 @@ def test_verify_clean_log(logs: dict[str, Any]) -> None:
     report = run.json()
     assert set(report) == {"schema", "path", "ok", "log_id", "format_version", "records",
                            "last_seq", "segments", "bytes", "torn_tail", "problems",
-                           "quarantine"}
-    assert report["schema"] == "walj.verify/1"
+                           "quarantine", "base", "leftovers"}
+    assert report["schema"] == "walj.verify/2"
+    assert report["base"] is None and report["leftovers"] == []
     assert report["ok"] is True and report["problems"] == []
     assert report["records"] == report["last_seq"] == 300
     assert len(report["segments"]) == len(segments(logs["plain"])) > 1

@@ -282,15 +282,15 @@ def test_item14_symlinked_blocked_session_is_reported_not_skipped(tmp_path: Path
     run = walj_cli("sweep", root, "--json")
     assert run.code == 1, run.out
     report = run.json()
-    assert report["counts"] == {"clean": 1, "blocked": 0, "corrupt": 0, "unsupported": 0,
-                                "unreadable": 1}
+    assert report["counts"] == {"active": 1, "ended": 0, "blocked": 0, "corrupt": 0,
+                                "unsupported": 0, "unreadable": 1}
     linked = next(s for s in report["sessions"] if s["path"].endswith("linked"))
     assert linked["status"] == "unreadable"
     assert linked["detail"].startswith("refused: symlink to ")
     assert str(outside / "blocked") in linked["detail"]
     text = walj_cli("sweep", root)
     assert text.code == 1
-    assert "1 clean, 1 unreadable" in text.out.splitlines()[0]
+    assert "1 active, 0 ended, 1 unreadable" in text.out.splitlines()[0]
     assert any(line.split()[:2] == ["linked", "UNREADABLE"] for line in text.out.splitlines())
 
 
@@ -303,7 +303,7 @@ def test_item14_a_symlink_loop_is_reported_and_the_sweep_ends(tmp_path: Path) ->
     assert run.code == 1
     sessions = {Path(s["path"]).name: s for s in run.json()["sessions"]}
     assert {name: s["status"] for name, s in sessions.items()} == {
-        "s-1": "clean", "loop": "unreadable", "gone": "unreadable"}
+        "s-1": "active", "loop": "unreadable", "gone": "unreadable"}
     assert sessions["gone"]["detail"].startswith("refused: symlink to ")
 
 
@@ -781,4 +781,4 @@ def test_small_without_blocks_a_pending_llm_call_is_listed_not_blocking(tmp_path
     report = walj_cli("inspect", log, "--json")
     assert report.code == 0
     assert report.json()["blockers"] == [] and len(report.json()["pending_llm_calls"]) == 1
-    assert walj_cli("sweep", tmp_path, "--json").json()["counts"]["clean"] == 1
+    assert walj_cli("sweep", tmp_path, "--json").json()["counts"]["active"] == 1

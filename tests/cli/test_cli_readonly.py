@@ -50,7 +50,7 @@ def _run_all(root: Path, runner: Any) -> None:
     sweep = runner("sweep", root, "--json", "--jobs", "2")
     assert sweep.code == 1, sweep.err
     statuses = {Path(s["path"]).name: s["status"] for s in sweep.json()["sessions"]}
-    assert statuses == {"clean": "clean", "blocked": "blocked", "torn": "clean"}
+    assert statuses == {"clean": "active", "blocked": "blocked", "torn": "active"}
 
 
 def test_copied_directory(sessions: Path, tmp_path: Path) -> None:

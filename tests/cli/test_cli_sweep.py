@@ -1,5 +1,6 @@
-"""`walj sweep` over 200 session directories, a few blocked and a few corrupt (each in its own
-way), finds exactly those, in a process pool and in one process."""
+"""`walj sweep` over 200 session directories, a few ended, a few blocked (one of them ended)
+and a few corrupt (each in its own way), finds exactly those, in a process pool and in one
+process."""
 
 from __future__ import annotations
 
@@ -10,9 +11,13 @@ import pytest
 from cli_helpers import flip_byte, make_journal, record_offset, walj_cli
 from helpers import segments
 
+import walj
+
 BLOCKED = {"s-017", "s-058", "team/s-133", "s-190"}
 CORRUPT = {"s-003", "s-077", "team/s-121", "s-160", "s-199"}
 UNSUPPORTED = {"s-042"}
+ENDED = {"s-005", "team/s-130", "s-150"}
+ENDED_BLOCKED = {"s-190"}  # ended with a blocker unresolved: still blocked, and ended
 
 
 def _name(i: int) -> str:
@@ -24,13 +29,20 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """200 sessions, copied from three templates (copying is much cheaper than writing)."""
     base = tmp_path_factory.mktemp("sweep")
     clean, blocked = base / "t-clean", base / "t-blocked"
+    ended, ended_blocked = base / "t-ended", base / "t-ended-blocked"
     make_journal(clean, turns=1, segment_bytes=1024)
     make_journal(blocked, turns=1, blocked=True, segment_bytes=1024)
     assert len(segments(clean)) >= 3
+    for template, source in ((ended, clean), (ended_blocked, blocked)):
+        shutil.copytree(source, template)
+        with walj.ToolJournal.open(template, segment_bytes=1024) as journal:
+            journal.end()
     sessions = base / "sessions"
     for i in range(200):
         name = _name(i)
-        shutil.copytree(blocked if name in BLOCKED else clean, sessions / name)
+        template = (ended_blocked if name in ENDED_BLOCKED else blocked if name in BLOCKED
+                    else ended if name in ENDED else clean)
+        shutil.copytree(template, sessions / name)
     damage = sorted(CORRUPT)
     # a flipped byte in a sealed segment, in the last one, a missing segment, a cut seal, and
     # an edited record whose line checksum still fails
@@ -50,8 +62,6 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # a journal record with a contract version this walj does not know
     newer = sessions / sorted(UNSUPPORTED)[0]
     shutil.rmtree(newer)
-    import walj
-
     with walj.Log.open(newer) as log:
         log.append({"kind": "turn_started", "version": 99, "turn_sequence": 1, "at": 1.0})
     # not sessions: a stray file, an empty folder, and a log's own quarantine folder
@@ -64,20 +74,23 @@ def test_sweep_finds_exactly_the_blocked_and_corrupt_sessions(root: Path) -> Non
     run = walj_cli("sweep", root, "--jobs", "2", "--json")
     assert run.code == 1, run.err
     report = run.json()
-    assert report["schema"] == "walj.sweep/1"
+    assert report["schema"] == "walj.sweep/2"
     assert report["logs"] == 200
     by_status: dict[str, set[str]] = {}
     for session in report["sessions"]:
-        assert set(session) == {"path", "status", "records", "last_seq", "blocked", "blockers",
-                                "problem_count", "problems", "torn_tail", "detail"}
+        assert set(session) == {"path", "status", "records", "last_seq", "blocked", "ended",
+                                "blockers", "problem_count", "problems", "torn_tail", "detail"}
+        assert session["ended"] == (str(Path(session["path"]).relative_to(root))
+                                    in ENDED | ENDED_BLOCKED)
         rel = str(Path(session["path"]).relative_to(root))
         by_status.setdefault(session["status"], set()).add(rel)
     assert by_status.pop("blocked") == BLOCKED
     assert by_status.pop("corrupt") == CORRUPT
     assert by_status.pop("unsupported") == UNSUPPORTED
-    assert set(by_status) == {"clean"} and len(by_status["clean"]) == 190
-    assert report["counts"] == {"clean": 190, "blocked": 4, "corrupt": 5, "unsupported": 1,
-                                "unreadable": 0}
+    assert by_status.pop("ended") == ENDED
+    assert set(by_status) == {"active"} and len(by_status["active"]) == 187
+    assert report["counts"] == {"active": 187, "ended": 3, "blocked": 4, "corrupt": 5,
+                                "unsupported": 1, "unreadable": 0}
     for session in report["sessions"]:
         damaged = session["status"] == "corrupt"
         assert (session["problem_count"] > 0) == damaged
@@ -91,15 +104,18 @@ def test_sweep_in_one_process_and_as_a_table(root: Path) -> None:
     run = walj_cli("sweep", root, "--jobs", "1")
     assert run.code == 1, run.err
     lines = run.out.splitlines()
-    assert lines[0].endswith("200 logs: 190 clean, 4 blocked, 5 corrupt, 1 unsupported")
+    assert lines[0].endswith(
+        "200 logs: 187 active, 3 ended, 4 blocked, 5 corrupt, 1 unsupported")
     listed = {line.split()[0] for line in lines[3:] if line.startswith("  ")}
     assert listed == BLOCKED | CORRUPT | UNSUPPORTED
 
 
 def test_sweep_of_clean_sessions_exits_0(root: Path, tmp_path: Path) -> None:
     clean = tmp_path / "clean"
-    for name in ("s-001", "s-002", "team/s-125"):
+    for name in ("s-001", "s-002", "team/s-125", "s-005"):
         shutil.copytree(root / name, clean / name)
     run = walj_cli("sweep", clean, "--all")
     assert run.code == 0, run.err
-    assert "3 logs: 3 clean" in run.out and "team/s-125" in run.out
+    assert "4 logs: 3 active, 1 ended" in run.out and "team/s-125" in run.out
+    assert [line.split()[:2] for line in run.out.splitlines() if "s-005" in line] == [
+        ["s-005", "ended"]]

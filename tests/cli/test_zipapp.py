@@ -24,6 +24,8 @@ from cli_helpers import (
 )
 from helpers import segments
 
+import walj
+
 
 @pytest.fixture(scope="module")
 def zipapp(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
@@ -114,7 +116,7 @@ def test_read_commands_match_the_library_and_write_nothing(zipapp: dict[str, Pat
     sweep = forensic(zipapp, "sweep", root, "--json")
     assert sweep.code == 1, sweep.err
     assert {Path(s["path"]).name: s["status"] for s in sweep.json()["sessions"]} == {
-        "blocked": "blocked", "clean": "clean"}
+        "blocked": "blocked", "clean": "active"}
     for command in ("stats", "tail"):
         assert forensic(zipapp, command, blocked).code == 0
     text = forensic(zipapp, "inspect", blocked)
@@ -145,7 +147,29 @@ def test_it_reads_a_local_archive_with_the_standard_library(zipapp: dict[str, Pa
     both = forensic(zipapp, "verify", session, "--archive", tmp_path / "archive", "--json")
     assert both.code == 0 and both.json()["ok"] and both.json()["records"] == 80, both.err
     swept = forensic(zipapp, "sweep", f"file://{tmp_path / 'archive'}", "--json")
-    assert swept.code == 0 and swept.json()["counts"]["clean"] == 1, swept.err
+    assert swept.code == 0 and swept.json()["counts"]["active"] == 1, swept.err
     refused = forensic(zipapp, "archive", session, "--to", tmp_path / "other")
     assert refused.code == 2 and "read-only" in refused.err
     assert not (tmp_path / "other").exists()
+
+
+def test_a_compacted_log_verifies_and_dumps_from_its_base(zipapp: dict[str, Path],
+                                                          tmp_path: Path) -> None:
+    """The stdlib-only reader follows BASE as the library does, and a forged marker is damage
+    there too."""
+    path = tmp_path / "compacted"
+    make_plain_log(path, 80, segment_bytes=1024)
+    with walj.Log.open(path, segment_bytes=1024) as log:
+        assert log.drop_before(40) > 0
+    first = walj.verify(path).base.first_seq  # type: ignore[union-attr]
+    run = forensic(zipapp, "verify", "--json", path)
+    assert run.code == 0, run.err
+    report = json.loads(run.out)
+    assert report["ok"] and report["base"]["first_seq"] == first and report["last_seq"] == 80
+    dump = forensic(zipapp, "dump", "--json", path)
+    assert dump.code == 0, dump.err
+    assert [line["seq"] for line in dump.lines()] == list(range(first, 81))
+    marker = path / "BASE"
+    marker.write_bytes(marker.read_bytes().replace(b'"first":', b'"first":9'))
+    bad = forensic(zipapp, "verify", "--json", path)
+    assert bad.code != 0 and "bad_base" in [p["kind"] for p in json.loads(bad.out)["problems"]]

@@ -216,7 +216,7 @@ class LogScenario(Scenario):
         log: walj.Log | None = None
         if not self.op.startswith("open"):
             log = walj.Log.open(logdir, **options(self.mode))
-            if self.op in ("sync", "close"):  # something for them to sync
+            if self.op in ("sync", "close", "close_seal"):  # something for them to sync
                 for n in range(2):
                     data = {"unsynced": n}
                     acked.append((log.append(data), data))
@@ -235,7 +235,8 @@ class LogScenario(Scenario):
                 rep.fail("4", f"open after the interrupted open refused: {type(exc).__name__}: "
                               f"{exc}"[:300])
         if log is not None:
-            LogFollowUps(rep, acked, attempted, closing=self.op == "close").run(log, logdir)
+            LogFollowUps(rep, acked, attempted,
+                         closing=self.op in ("close", "close_seal")).run(log, logdir)
         check_log_files(logdir, rep, acked, attempted,
                         lambda: walj.Log.open(logdir, **options(self.mode)))
 
@@ -259,11 +260,13 @@ class LogScenario(Scenario):
             inj.call(log.sync)
         elif op == "close":
             inj.call(log.close)
+        elif op == "close_seal":  # seals the active segment and opens no next one
+            inj.call(lambda: log.close(seal=True))
         return log
 
 
-LOG_OPS = ("append", "append_durable", "append_many", "append_rotate", "sync", "close", "open",
-           "open_torn")
+LOG_OPS = ("append", "append_durable", "append_many", "append_rotate", "sync", "close",
+           "close_seal", "open", "open_torn")
 
 
 @pytest.mark.parametrize("mode", MODES)

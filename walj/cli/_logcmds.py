@@ -65,9 +65,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
     for _ in records:
         pass
     torn = log_scan.torn_tail
+    base = log_scan.base
     ok = not log_scan.problems and not (args.strict and torn is not None)
     report: dict[str, Any] = {
-        "schema": "walj.verify/1",
+        "schema": "walj.verify/2",
         "path": path,
         "ok": ok,
         "log_id": log_scan.log_id,
@@ -79,11 +80,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
         "torn_tail": torn_json(torn),
         "problems": [problem_json(p) for p in log_scan.problems],
         "quarantine": quarantine_entries(path),
+        # A compacted log (Log.drop_before) begins at its base marker (schema 2).
+        "base": None if base is None else {"segment": base.index, "first_seq": base.first_seq,
+                                           "prev": base.prev_seal},
+        "leftovers": list(log_scan.leftovers),
     }
     if args.json:
         emit_json(report)
         return EXIT_OK if ok else EXIT_PROBLEMS
-    first = 1 if log_scan.records else 0
+    first = (base.first_seq if base is not None else 1) if log_scan.records else 0
     state = "ok" if ok else "PROBLEMS FOUND"
     lines = [
         f"{path}: {state}",
@@ -93,6 +98,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
         "  checked: line checksums (XXH64), seq continuity, segment headers and format "
         f"version {fmt.FORMAT_VERSION}, seals and the seal chain",
     ]
+    if base is not None:
+        lines.append(f"  compacted: begins at segment {base.index}, seq {base.first_seq} "
+                     f"(BASE); the chain is verified from there"
+                     + (f"; {plural(len(log_scan.leftovers), 'leftover segment')} of an "
+                        "interrupted drop below it, not read" if log_scan.leftovers else ""))
     if torn is not None:
         lines.append(f"  torn tail: {torn.file} at byte {torn.offset:,}, {torn.length:,} bytes "
                      f"({torn.kind}): a write in progress or a crash mid-append; the next "

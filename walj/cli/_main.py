@@ -111,11 +111,12 @@ def build_parser(prog: str = "walj") -> argparse.ArgumentParser:
     p.add_argument("path", metavar="PATH")
     _json_flag(p)
 
-    p = sub.add_parser("sweep", help="every session log under ROOT: clean, blocked or corrupt")
+    p = sub.add_parser("sweep",
+                       help="every session log under ROOT: active, ended, blocked or corrupt")
     p.add_argument("root", metavar="ROOT")
     p.add_argument("--jobs", "-j", type=int, default=None, metavar="N",
                    help="worker processes (default: CPU count, at most 8; 1: none)")
-    p.add_argument("--all", action="store_true", help="list clean logs too")
+    p.add_argument("--all", action="store_true", help="list active and ended logs too")
     _json_flag(p)
 
     p = sub.add_parser("resolve", help="settle a blocker durably, under the writer lock")

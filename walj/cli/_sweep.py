@@ -1,5 +1,5 @@
-"""`walj sweep ROOT`: find every session log under a directory and sort them into clean,
-blocked, corrupt, unsupported or unreadable, in parallel."""
+"""`walj sweep ROOT`: find every session log under a directory and sort them into active,
+ended, blocked, corrupt, unsupported or unreadable, in parallel."""
 
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ from ._common import (
 )
 from ._records import kind_of
 
-STATUSES = ("clean", "blocked", "corrupt", "unsupported", "unreadable")
+STATUSES = ("active", "ended", "blocked", "corrupt", "unsupported", "unreadable")
+FINE = frozenset({"active", "ended"})  # every other status is a problem (exit 1)
 
 
 def find_logs(root: str) -> tuple[list[str], list[dict[str, Any]]]:
@@ -80,7 +81,8 @@ def _symlink_entry(path: str, to_directory: bool) -> dict[str, Any]:
 
 def _entry(path: str, status: str, **fields: Any) -> dict[str, Any]:
     entry: dict[str, Any] = {"path": path, "status": status, "records": 0, "last_seq": 0,
-                             "blocked": False, "blockers": [], "problem_count": 0,
+                             "blocked": False, "ended": False, "blockers": [],
+                             "problem_count": 0,
                              "problems": [], "torn_tail": False, "detail": None}
     entry.update(fields)
     return entry
@@ -136,10 +138,12 @@ def check_log(path: str, fs: FileSystem = DEFAULT_FS) -> dict[str, Any]:
         detail = "; ".join(f"{b['tool'] or 'turn ' + str(b['turn_sequence'])} {b['state']}"
                            for b in blockers[:3])
     else:
-        status = "clean"
+        # An ended session with blockers stays "blocked" above: its blockers stay visible.
+        status = "ended" if rec.ended else "active"
         detail = "a plain walj log, not a tool journal" if plain else None
     return _entry(path, status, records=log_scan.records, last_seq=log_scan.last_seq,
-                  blocked=rec.blocked, blockers=blockers, problem_count=len(problems),
+                  blocked=rec.blocked, ended=rec.ended, blockers=blockers,
+                  problem_count=len(problems),
                   problems=[problem_json(p) for p in problems[:5]],
                   torn_tail=log_scan.torn_tail is not None, detail=detail)
 
@@ -238,17 +242,18 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     counts = {status: 0 for status in STATUSES}
     for entry in results:
         counts[entry["status"]] += 1
-    code = EXIT_OK if counts["clean"] == len(results) else EXIT_PROBLEMS
+    code = EXIT_OK if all(e["status"] in FINE for e in results) else EXIT_PROBLEMS
     if args.json:
-        emit_json({"schema": "walj.sweep/1", "root": root, "logs": len(results),
+        emit_json({"schema": "walj.sweep/2", "root": root, "logs": len(results),
                    "counts": counts, "sessions": results})
         return code
-    shown = results if args.all else [e for e in results if e["status"] != "clean"]
-    summary = ", ".join(f"{counts[s]} {s}" for s in STATUSES if counts[s] or s == "clean")
+    shown = results if args.all else [e for e in results if e["status"] not in FINE]
+    summary = ", ".join(f"{counts[s]} {s}" for s in STATUSES if counts[s] or s in FINE)
     lines = [f"{root}: {plural(len(results), 'log')}: {summary}"]
     if shown:
-        rows = [(_relative(e["path"], root), e["status"].upper() if e["status"] != "clean"
-                 else "clean", e["records"], len(e["blockers"]), e["problem_count"],
+        rows = [(_relative(e["path"], root), e["status"].upper()
+                 if e["status"] not in FINE else e["status"], e["records"], len(e["blockers"]),
+                 e["problem_count"],
                  short(e["detail"], 80)) for e in shown]
         lines += [""] + table(("LOG", "STATUS", "RECORDS", "BLOCKERS", "PROBLEMS", "DETAIL"),
                               rows, right=(2, 3, 4))

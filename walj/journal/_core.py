@@ -14,6 +14,7 @@ from ..errors import (
     PoisonedError,
     RecordTooLargeError,
     SerializationError,
+    SessionEndedError,
     TurnError,
 )
 from ..log import Log, Record, read
@@ -115,6 +116,28 @@ class Core:
         if self.unknown_state is not None:
             raise PoisonedError(f"the journal's state could not be rebuilt after an interrupt "
                                 f"({self.unknown_state!r}); reopen it")
+
+    def check_not_ended(self) -> None:
+        """New work (a turn, an LLM call) is refused once the session was ended."""
+        self.check_open()
+        if self.state.ended_seq is not None:
+            raise SessionEndedError(
+                f"the session in {self.log.path} was ended (record {self.state.ended_seq}); it "
+                "takes no new turn or LLM call. Start a new session; blockers may still be "
+                "resolved")
+
+    def end_session(self) -> None:
+        """Write session_ended (durable) unless it is there, then close sealing the log."""
+        with self.write_lock:
+            self.check_open()
+            with self.lock:
+                if self.live_turn is not None:
+                    raise TurnError(f"turn {self.live_turn.sequence} is still live; end it "
+                                    "before the session")
+            if self.state.ended_seq is None:
+                self.write_settlements()
+                self.write(_writes.session_ended_record(), durable=True)
+        self.close()
 
     # --- writing --------------------------------------------------------------------------------
 
@@ -303,7 +326,7 @@ class Core:
         """Make `turn` the live turn and write turn_started. The number and the record are
         taken under write_lock, so a turn abandoned mid-write can never share its number."""
         with self.write_lock:
-            self.check_open()
+            self.check_not_ended()
             with self.lock:
                 if self.live_turn is not None:
                     raise TurnError(f"turn {self.live_turn.sequence} is still live; turns do "
@@ -354,4 +377,6 @@ class Core:
                         self.write_settlements()
         finally:
             self.closed = True
-            self.log.close()  # idempotent: a second call finishes one an interrupt stopped
+            # An ended session's every segment stays sealed, even after a reopen to resolve.
+            # Idempotent: a second call finishes one an interrupt stopped.
+            self.log.close(seal=self.state.ended_seq is not None)

@@ -11,7 +11,7 @@ from types import MappingProxyType, TracebackType
 from typing import Any
 
 from ..errors import UnknownToolError, WaljError
-from ..log import Log
+from ..log import BASE_NAME, Log
 from . import _resolve
 from ._callindex import DEFAULT_REPLAY_WINDOW
 from ._core import Core
@@ -94,6 +94,13 @@ class ToolJournal:
         redactor = Redactor(redact_keys)
         state = RecoveryState(replay_window)
         # The one internal hook of the log: each verified record's bytes, during the open's scan.
+        if os.path.lexists(os.path.join(path, BASE_NAME)):
+            # Compacted (Log.drop_before): the records before its base are gone, and an
+            # execution started there and never settled would be missed. Fail closed, before
+            # the log is opened (and its replay fed records that begin mid-session).
+            raise WaljError(f"{os.fspath(path)} was compacted (it has a {BASE_NAME} marker): a "
+                            "tool journal is rebuilt from its first record, so it cannot be "
+                            "opened; read it with walj.read or `walj dump`")
         log = Log.open(path, _replay=state.feed_json, **log_options)
         try:
             core = Core(
@@ -235,7 +242,7 @@ class ToolJournal:
     def llm_call(self, *, model: str | None = None, request: Any = None) -> LLMCall:
         """`with journal.llm_call(model=..., request=...) as call:` then `call.finish(response)`.
         An interrupt leaves it pending; pending calls are reported on open."""
-        self._core.check_open()
+        self._core.check_not_ended()
         live = self._core.live_turn
         return LLMCall(self._core, live.sequence if live is not None else None, model, request)
 
@@ -303,6 +310,22 @@ class ToolJournal:
         """Write what is queued, then close the log (syncing what was appended). Idempotent;
         raises PoisonedError (once) if the log was poisoned."""
         self._core.close()
+
+    def end(self) -> None:
+        """End the session: durably record `session_ended`, then close the journal, sealing
+        its last segment so that every segment is sealed (wholly archivable). Blockers stay:
+        an ended session with unresolved blockers is still blocked, and may be reopened to
+        resolve them. A reopened ended session refuses new turns and LLM calls
+        (SessionEndedError). Refused while a turn is live (TurnError). Idempotent."""
+        if self._core.closed and self._core.state.ended_seq is not None:
+            self._core.close()  # finishes a close an interrupt stopped; else does nothing
+            return
+        self._core.end_session()
+
+    @property
+    def ended(self) -> bool:
+        """True once the session was ended (now or by an earlier run)."""
+        return self._core.state.ended_seq is not None
 
     def __enter__(self) -> ToolJournal:
         return self

@@ -10,7 +10,7 @@ from typing import Any
 # it cannot fully understand rather than miss a blocker. Version 2 named every field in full
 # (docs/RECOVERY.md, "Records"); version 1's short keys (`k`, `v`, `o`, ...) are refused.
 # Version 3 added replay (tool_execution_replayed, tool_execution_refused, stored outputs,
-# call_id_generated) and session_named; a version-2 log reads the same as before.
+# call_id_generated), session_named and session_ended; a version-2 log reads as before.
 CONTRACT_VERSION = 3
 SUPPORTED_VERSIONS = frozenset({2, CONTRACT_VERSION})
 
@@ -44,6 +44,7 @@ OUTPUT_NOT_STORABLE = "not_storable"
 REFUSED_ARGUMENTS_DIFFER = "arguments_differ"
 REFUSED_OUTPUT_NOT_STORED = "output_not_stored"
 REFUSED_OUTSIDE_WINDOW = "outside_replay_window"
+SESSION_ENDED = "session_ended"
 
 # The field that names what a record is about, by kind (turn records name a turn_sequence).
 SUBJECT = {
@@ -174,3 +175,4 @@ class Recovery:
     last_seq: int
     cuts: tuple[Cut, ...] = ()
     session_id: str | None = None  # as given to open_session (from its session_named record)
+    ended: bool = False  # a session_ended record was written (ToolJournal.end)

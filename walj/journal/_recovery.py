@@ -86,6 +86,7 @@ class RecoveryState:
         self.paired_turn: int | None = None  # the turn the last turn_completed completed
         self.records = 0
         self.last_seq = 0
+        self.ended_seq: int | None = None  # the session_ended record's seq
         self._handlers: dict[str, Callable[[int, Mapping[str, Any]], None]] = {
             r.TURN_STARTED: self._turn_started, r.TURN_COMPLETED: self._turn_completed,
             r.TURN_RESOLVED: self._turn_resolved, r.STARTED: self._started,
@@ -95,6 +96,7 @@ class RecoveryState:
             r.LLM_RESOLVED: self._llm_resolved, r.LOG_CUT: self.cuts.log_cut,
             r.LOG_CUT_RESOLVED: self._cut_resolved, r.REPLAYED: self._ignore,
             r.REFUSED: self._ignore, r.SESSION_NAMED: self._session_named,
+            r.SESSION_ENDED: self._session_ended,
         }
 
     # --- feeding --------------------------------------------------------------------------------
@@ -165,12 +167,12 @@ class RecoveryState:
         version = record.get("version")
         if version is None and "v" in record:  # walj 0.1's short keys: contract version 1
             version = record["v"]
+        kind = record.get("kind")
         if type(version) is not int or version not in r.SUPPORTED_VERSIONS:
             raise UnsupportedVersionError(
                 f"journal record {seq} has contract version {show(version)}; this walj knows "
                 f"{', '.join(str(v) for v in sorted(r.SUPPORTED_VERSIONS))} and refuses to guess",
                 seq=seq, kind="unsupported_contract_version")
-        kind = record.get("kind")
         handler = self._handlers.get(kind) if isinstance(kind, str) else None
         if handler is None:
             raise CorruptionError(f"journal record {seq} has unknown kind {show(kind)}",
@@ -199,6 +201,10 @@ class RecoveryState:
 
     def _ignore(self, seq: int, record: Mapping[str, Any]) -> None:
         pass
+
+    def _session_ended(self, seq: int, record: Mapping[str, Any]) -> None:
+        if self.ended_seq is None:
+            self.ended_seq = seq
 
     def _turn_started(self, seq: int, record: Mapping[str, Any]) -> None:
         self._open_turn(seq, record.get("turn_sequence"), _time(record))
@@ -380,7 +386,7 @@ class RecoveryState:
                         incomplete_turns=tuple(incomplete), pending_llm_calls=tuple(pending),
                         resolved=tuple(self.resolutions), records=self.records,
                         last_seq=self.last_seq, cuts=tuple(self.cuts.cuts.values()),
-                        session_id=self.session_id)
+                        session_id=self.session_id, ended=self.ended_seq is not None)
 
     def blocker(self, execution_id: str) -> Blocker:
         """The blocker view of an open execution (KeyError if it is not open)."""

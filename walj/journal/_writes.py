@@ -16,6 +16,10 @@ def now() -> float:
     return round(time.time(), 3)
 
 
+def session_ended_record() -> dict[str, Any]:
+    return {"kind": rc.SESSION_ENDED, "version": rc.CONTRACT_VERSION, "at": now()}
+
+
 def turn_record(kind: str, sequence: int) -> dict[str, Any]:
     """turn_started or turn_completed."""
     return {"kind": kind, "version": rc.CONTRACT_VERSION, "turn_sequence": sequence, "at": now()}

@@ -16,13 +16,16 @@ Modules: _format (line framing and XXH64), _xxh64 (pure-Python XXH64), _fs (the 
 _segment (one segment's scan), _scan (the directory: order, seal chain, torn tail or damage),
 _quarantine (cut bytes and their manifest), _lock (one writer), _durability (sync modes, group
 commit, poisoning), _rotation (creating and sealing segments), _opening (options and tail
-recovery), _log (the writer), _read (reader and verifier).
+recovery), _log (the writer), _read (reader and verifier), _base (the BASE marker of a
+compacted log), _compaction (Log.drop_before).
 """
 
 from __future__ import annotations
 
+from ._base import BASE_NAME, Base
 from ._log import Log
 from ._quarantine import CutLine, Quarantined
 from ._read import Record, VerifyReport, read, verify
 
-__all__ = ["CutLine", "Log", "Quarantined", "Record", "VerifyReport", "read", "verify"]
+__all__ = ["BASE_NAME", "Base", "CutLine", "Log", "Quarantined", "Record", "VerifyReport", "read",
+           "verify"]

@@ -13,6 +13,7 @@ from types import TracebackType
 from typing import Any
 
 from ..errors import PoisonedError, RecordTooLargeError
+from ._compaction import Compaction
 from ._durability import interval_loop, io_failure
 from ._format import encode_record, frame_record
 from ._fs import DEFAULT_FS, FileSystem, write_all
@@ -38,7 +39,7 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-class Log(Rotation):
+class Log(Compaction, Rotation):
     """An open write-ahead log. Use `Log.open`; a `Log` is a context manager.
 
     Interrupt safety: an exception (KeyboardInterrupt, SystemExit) landing anywhere inside a
@@ -73,6 +74,8 @@ class Log(Rotation):
         self._closed = False
         self._log_id = ""
         self._stop = threading.Event()
+        self._drop_lock = threading.RLock()  # reentrant: a signal handler may close
+        self._first_seq = 1
         self._syncer: threading.Thread | None = None
         self.problems: list[Problem] = []
         self.torn_tail: Quarantined | None = None
@@ -131,6 +134,7 @@ class Log(Rotation):
         self.problems = found.problems
         self.torn_tail = found.torn_tail
         self._log_id = found.log_id
+        self._first_seq = found.first_seq
         if self._read_only:
             self._next_seq = found.last_seq + 1
             self._closed = self._unusable = True  # nothing to write; reads go through walj.read
@@ -280,8 +284,9 @@ class Log(Rotation):
 
     # --- failure and closing -------------------------------------------------------------------
 
-    def close(self) -> None:
-        """Sync what was appended (in every sync mode), then release the directory. Raises
+    def close(self, *, seal: bool = False) -> None:
+        """Sync what was appended (in every sync mode), then release the directory; with
+        `seal`, seal the active segment first (and open no next one). Raises
         PoisonedError (once) if an earlier failure or interrupt poisoned the handle, since
         records it acknowledged as written may not be durable. If an interrupt stops it, the
         handle is still open (usable) or closed but not yet released: call close() again."""
@@ -290,13 +295,15 @@ class Log(Rotation):
         if syncer is not None and syncer is not threading.current_thread():
             syncer.join()
         if not self._forked:  # a forked child only lets go of the parent's descriptors
-            self._close_locked()
-        self._release()
+            with self._drop_lock:  # a drop under way ends before the directory is let go
+                self._close_locked(seal)
+                self._release()
+        self._release()  # idempotent
         failure, self._close_failure = self._close_failure, None
         if failure is not None:
             raise failure
 
-    def _close_locked(self) -> None:
+    def _close_locked(self, seal: bool) -> None:
         with self._lock:
             while self._syncing:
                 self._cond.wait()
@@ -306,6 +313,11 @@ class Log(Rotation):
                 self._close_failure = PoisonedError(
                     f"{self._dir} was poisoned ({self._poisoned}); records after seq "
                     f"{self._durable_seq} may not be durable")
+            elif seal and self._fd >= 0:
+                try:
+                    self._seal_for_close()
+                except PoisonedError as exc:
+                    self._close_failure = exc
             elif self._fd >= 0 and self._durable_seq < self._next_seq - 1:
                 try:
                     self._fs.sync(self._fd)

@@ -72,6 +72,7 @@ class Recovered:
     last_seq: int
     problems: list[Problem]
     torn_tail: Quarantined | None
+    first_seq: int = 1  # where a compacted log begins (its BASE); 1 otherwise
 
 
 def recover(fs: FileSystem, directory: str, mode: str, replay: Replay | None, *,
@@ -97,4 +98,4 @@ def recover(fs: FileSystem, directory: str, mode: str, replay: Replay | None, *,
         elif last is not None and last.seal_offset is not None and last.seal_offset >= offset:
             last.seal = None  # the seal was cut with the tail: append to the segment again
     return Recovered(scan.log_id or uuid.uuid4().hex, last, scan.last_seq, scan.problems,
-                     quarantined)
+                     quarantined, scan.base.first_seq if scan.base is not None else 1)

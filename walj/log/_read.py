@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from .. import _codec
-from ..errors import CorruptionError, WaljError
+from ..errors import CorruptionError, DroppedWhileReadingError, WaljError
+from ._base import Base, read_base
 from ._fs import DEFAULT_FS, FileSystem
 from ._scan import LogScan, TornTail
 from ._segment import Problem
@@ -33,6 +34,8 @@ class VerifyReport:
     problems: list[Problem] = field(default_factory=list)
     log_id: str | None = None
     last_seq: int = 0
+    base: Base | None = None  # where a compacted log begins; None: at segment 1
+    leftovers: list[str] = field(default_factory=list)  # below the base: an interrupted drop's
 
 
 def _check_directory(path: str) -> None:
@@ -75,6 +78,14 @@ def read(
                 raise CorruptionError(f"record {seq} of {directory} cannot be decoded: {exc}",
                                       seq=seq, kind="bad_line") from exc
             yield Record(seq, value)
+    except FileNotFoundError as exc:
+        base = read_base(_fs, directory)
+        if base is None or (scan.base is not None and base.index <= scan.base.index):
+            raise  # not a drop: the file system changed under the reader some other way
+        raise DroppedWhileReadingError(
+            f"{directory}: segments were dropped (Log.drop_before) while this read went on; "
+            f"the log now begins at seq {base.first_seq}: read again from there",
+            first_seq=base.first_seq) from exc
     finally:
         # A reader that stops early closes this generator: the scan's files are closed here,
         # where an interrupt propagates, not when the garbage collector frees it, which
@@ -97,4 +108,6 @@ def verify(path: str | os.PathLike[str], *, _fs: FileSystem = DEFAULT_FS) -> Ver
         problems=scan.problems,
         log_id=scan.log_id,
         last_seq=scan.last_seq,
+        base=scan.base,
+        leftovers=scan.leftovers,
     )

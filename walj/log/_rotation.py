@@ -137,3 +137,24 @@ class Rotation(Durability):
         self._sealed = None
         self._unusable = self._closed or self._poisoned is not None or self._forked
         self._cond.notify_all()
+
+    def _seal_for_close(self) -> None:
+        """With the lock held, for close(seal=True): seal the active segment and sync it, and
+        create no next one, so that every segment of a finished log is sealed (wholly
+        archivable). A reopen starts the next segment, as after a rotation a crash stopped
+        between the seal's sync and the next header. Repeating it after an interrupt redoes at
+        most the sync: the handle is marked closed before the seal is forgotten."""
+        while self._syncing:
+            self._cond.wait()
+        if self._sealed is None:
+            self._write_seal()
+        assert self._sealed is not None  # noqa: S101 - _write_seal set it or raised
+        index, last_seq, _ = self._sealed
+        try:
+            if self._index == index and self._fd >= 0:
+                self._fs.sync(self._fd)
+                self._durable_seq = last_seq
+        except OSError as exc:
+            raise self._poison(exc) from exc
+        self._closed = self._unusable = True
+        self._sealed = None

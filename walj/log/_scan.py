@@ -10,6 +10,7 @@ from functools import partial
 
 from ..errors import CorruptionError, UnsupportedVersionError
 from . import _format as fmt
+from ._base import Base, base_mismatch, find_start
 from ._fs import DEFAULT_FS, FileSystem, not_regular, refuse_hard_link
 from ._segment import TAIL_KINDS, Problem, SegmentScan, bad_line_kind, read_ends
 
@@ -139,6 +140,8 @@ class LogScan:
         self.last: SegmentScan | None = None
         self.before_last: SegmentScan | None = None
         self.log_id: str | None = None
+        self.base: Base | None = None  # where a compacted log begins (BASE)
+        self.leftovers: list[str] = []  # segments below the base, never read
         self.records = 0
         self.last_seq = 0
 
@@ -159,6 +162,15 @@ class LogScan:
         prev_index = 0
         prev_seal = ""
         expected_seq: int | None = None
+        begin = find_start(self.fs, self.directory, listed)
+        for problem in begin.problems:
+            self._report(problem)
+        if begin.base is not None:  # a compacted log: the chain goes on from the marker
+            base = self.base = begin.base
+            self.leftovers = begin.leftovers
+            listed = [entry for entry in listed if entry[0] >= base.index]
+            prev_index, prev_seal, self.log_id = base.index - 1, base.prev_seal, base.log_id
+            expected_seq = base.first_seq
         i = 0
         while i < len(listed):
             index, name = listed[i]
@@ -173,7 +185,9 @@ class LogScan:
                 self.segments.append(name)
                 i += 1
                 continue
-            seg = SegmentScan(self.fs, self.directory, name, expected_first_seq=expected_seq,
+            at_base = self.base is not None and index == self.base.index
+            seg = SegmentScan(self.fs, self.directory, name,
+                              expected_first_seq=None if at_base else expected_seq,
                               expected_log_id=self.log_id, start_seq=self.start_seq,
                               before_late_record=partial(self._late_record, final=final))
             yield from seg
@@ -291,6 +305,11 @@ class LogScan:
             if index == 1 and header.first_seq != 1:
                 seg.problems.append(Problem(seg.name, 0, header.first_seq, "missing_segment",
                                             "the first segment does not start at seq 1"))
+        elif self.base is not None and index == self.base.index:
+            mismatch = base_mismatch(self.base, header, seg.name)
+            if mismatch is not None:
+                seg.problems.append(mismatch)
+            prev_seal = header.prev_seal  # checked against the marker, not a seal
         elif header.log_id != self.log_id:
             return  # the segment scan reported it as foreign_segment
         if header.index != index:
