@@ -25,6 +25,7 @@ from ._fingerprint import (
     describe_error,
 )
 from ._llm import LLMCall
+from ._observe import ToolObserver, check_observers
 from ._recovery import Recovery, RecoveryState, Resolution
 from ._tools import Tool, error_result, invoke, lookup, normalise_calls, tools_from
 from ._turn import Turn
@@ -67,12 +68,16 @@ class ToolJournal:
         redact_keys: Iterable[str] = DEFAULT_REDACT_KEYS,
         store_arguments: bool = False,
         block_on_pending_llm_calls: bool = False,
+        observers: Iterable[ToolObserver] = (),
         **log_options: Any,
     ) -> ToolJournal:
         """Open (creating if needed) the journal in directory `path` and rebuild its recovery
         state in one pass. Reconcile hooks and on_ambiguous policies of registered tools then
-        settle what they can, durably. `log_options` go to walj.Log.open."""
+        settle what they can, durably. `observers` (walj.journal.ToolObserver) are told of
+        every execution and resolution from then on, those settlements included.
+        `log_options` go to walj.Log.open."""
         registry = tools_from(tools)
+        watching = check_observers(observers)
         for name, value in (("preview_chars", preview_chars),
                             ("output_preview_chars", output_preview_chars)):
             if type(value) is not int or value < 1:
@@ -90,6 +95,7 @@ class ToolJournal:
                 store_arguments=bool(store_arguments),
                 block_on_pending_llm_calls=bool(block_on_pending_llm_calls),
             )
+            core.observers = watching
             if log_options.get("recovery") != "salvage":
                 core.record_cuts()
                 _resolve.settle_automatically(core)
@@ -179,6 +185,31 @@ class ToolJournal:
     def _live_turn(self) -> Turn | None:
         live = self._core.live_turn
         return live if isinstance(live, Turn) else None
+
+    # --- observers ------------------------------------------------------------------------------
+
+    @property
+    def observers(self) -> tuple[ToolObserver, ...]:
+        return self._core.observers
+
+    def add_observer(self, observer: ToolObserver) -> None:
+        """Tell `observer` of every execution that starts and every resolution from now on.
+        TypeError if it lacks a hook; ValueError if it was added already."""
+        (checked,) = check_observers((observer,))
+        core = self._core
+        with core.lock:  # a new tuple: a dispatch under way keeps the one it started with
+            if any(o is checked for o in core.observers):
+                raise ValueError(f"observer {type(checked).__name__} was already added")
+            core.observers = (*core.observers, checked)
+
+    def remove_observer(self, observer: ToolObserver) -> None:
+        """Stop telling `observer`; a dispatch under way still ends with it. ValueError if it
+        was not added."""
+        core = self._core
+        with core.lock:
+            if not any(o is observer for o in core.observers):
+                raise ValueError(f"observer {type(observer).__name__} was not added")
+            core.observers = tuple(o for o in core.observers if o is not observer)
 
     def llm_call(self, *, model: str | None = None, request: Any = None) -> LLMCall:
         """`with journal.llm_call(model=..., request=...) as call:` then `call.finish(response)`.
