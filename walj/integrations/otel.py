@@ -64,6 +64,20 @@ def _error_type(error: BaseException | None, outcome: str) -> str:
     return kind.__qualname__ if module == "builtins" else f"{module}.{kind.__qualname__}"
 
 
+def _description(end: ExecutionEnd) -> str:
+    """walj's error text (the handler's error, the blocked message), else the interrupt's."""
+    if end.result is not None and end.result.error is not None:
+        return end.result.error
+    if end.error is None:
+        return end.outcome
+    try:
+        message = str(end.error)
+    except Exception:  # an exception whose own __str__ fails still has a type
+        message = ""
+    name = type(end.error).__name__
+    return f"{name}: {message}" if message else name
+
+
 class SpanObserver(ToolObserver):
     """A journal observer (walj.journal.ToolObserver) that makes the spans and events this
     module describes. One observer may watch many journals."""
@@ -102,23 +116,15 @@ class SpanObserver(ToolObserver):
             span.set_attribute("walj.outcome", end.outcome)
             if end.result is not None and getattr(end.result, "replayed", False):
                 span.set_attribute("walj.replayed", True)
-            if end.error is not None:
-                span.record_exception(end.error, escaped=end.result is None)
             if end.outcome in ERROR_OUTCOMES:
                 span.set_attribute(ERROR_TYPE, _error_type(end.error, end.outcome))
-                span.set_status(trace.StatusCode.ERROR, self._description(end))
+                span.set_status(trace.StatusCode.ERROR, _description(end))
+            if end.error is not None:  # last: it formats the exception, which may raise
+                span.record_exception(end.error, escaped=end.result is None)
         finally:
             if token is not None:
                 otel_context.detach(token)
             span.end()
-
-    @staticmethod
-    def _description(end: ExecutionEnd) -> str:
-        if end.result is not None and end.result.error is not None:
-            return end.result.error
-        if end.error is not None:
-            return f"{type(end.error).__name__}: {end.error}"
-        return end.outcome
 
     def on_resolved(self, resolution: walj.Resolution) -> None:
         attributes: dict[str, Any] = {

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol
 
 from ._records import Resolution
 from ._tools import ToolContext, ToolResult
@@ -37,12 +37,14 @@ HOOKS = ("on_start", "on_end", "on_resolved")
 class ExecutionEnd(NamedTuple):
     """What `on_end` is told about one dispatch.
 
-    `outcome`: "ok", "error", "cancelled" or "blocked" as in the result; "ambiguous" when the
-    dispatch raised and the execution now blocks (an interrupt, a cancellation while the handler
-    ran, `ToolOutcomeUnknown`, a failed terminal write); "cancelled" too when it raised before
-    any intent was written (nothing ran). `result`: what dispatch returned, None when it raised.
-    `error`: the handler's exception (error, cancelled, blocked by `ToolBlocked`), or what
-    interrupted the dispatch; None otherwise."""
+    `outcome`: "ok", "error", "cancelled" or "blocked" as in the result. When dispatch raised,
+    what the journal recorded or queued for it: "ambiguous" while the execution blocks (an
+    interrupt, a cancellation while the handler ran, `ToolOutcomeUnknown`, a terminal record
+    that could not be written), a terminal record's outcome if one had landed, and "cancelled"
+    when the handler never ran (an interrupt before the intent was written, or a cancelled
+    `adispatch` whose intent was still being written). `result`: what dispatch returned, None
+    when it raised. `error`: the handler's exception (error, cancelled, blocked by
+    `ToolBlocked`), or what made dispatch raise; None otherwise."""
 
     context: ToolContext
     outcome: str
@@ -50,7 +52,6 @@ class ExecutionEnd(NamedTuple):
     error: BaseException | None
 
 
-@runtime_checkable
 class ToolObserver(Protocol):
     """Told about every execution and resolution of a journal; see the module's docstring.
     Subclass it to implement only some hooks: the others do nothing. `on_end` may come for an
@@ -109,11 +110,11 @@ class Observation:
     def abort(self, record: Mapping[str, Any] | None, still_open: bool,
               error: BaseException) -> None:
         """Dispatch raised. `still_open`: the execution blocks now; `record`: the terminal
-        record it built or queued, if any; neither: no intent was written."""
+        record it built or queued, if any; neither: the handler never ran."""
         if still_open:
             outcome = "ambiguous"
         elif record is None:
-            outcome = "cancelled"  # nothing was written, so nothing ran
+            outcome = "cancelled"  # no intent was written, so nothing ran
         else:
             outcome = str(record.get("outcome", "ambiguous"))
         self._end(ExecutionEnd(self.context, outcome, None, error))

@@ -212,8 +212,8 @@ class Turn(TurnSlot):
         if inspect.iscoroutinefunction(prep.tool.handler):
             raise TypeError(f"tool {name!r} is async: use `await turn.adispatch(...)`")
         eid = prep.execution_id
-        # Observers are told inside the handler below, so an interrupt in one is handled as one
-        # at that point without it: on_start before the intent, on_end after the record.
+        # Observers are told inside the try below, so an interrupt in one is handled as one at
+        # that point without it would be: on_start before the intent, on_end after the record.
         seen = Observation(core.observers, prep.context) if core.observers else None
         record: dict[str, Any] | None = None
         failure: Exception | None = None
