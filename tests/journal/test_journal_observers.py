@@ -290,3 +290,28 @@ def test_function_calls_are_observed_with_their_call_ids(tmp_path: Path) -> None
              {"name": "add", "call_id": "a2", "arguments": "not json"}],
             {"add": lambda x: x + 1}, journal)
     assert [(e.context.call_id, e.outcome) for e in watcher.ends()] == [("a1", "ok")]
+
+
+def test_an_adispatch_cancelled_while_its_intent_is_written_ends_cancelled(
+        tmp_path: Path) -> None:
+    path = tmp_path / "j"
+    watcher = Watcher(path)
+    ran: list[int] = []
+
+    async def never(x: int) -> None:
+        ran.append(x)
+
+    async def main() -> None:
+        with walj.ToolJournal.open(path, observers=[watcher]) as journal:
+            async with journal.turn() as turn:
+                task = asyncio.create_task(turn.adispatch("t", {"x": 1}, handler=never))
+                await asyncio.sleep(0)  # the task waits for its intent's worker
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+
+    asyncio.run(main())
+    (end,) = watcher.ends()
+    assert ran == [] and end.outcome == "cancelled" and end.result is None
+    assert isinstance(end.error, asyncio.CancelledError)
+    assert "tool_execution_ambiguous" not in kinds(path)
