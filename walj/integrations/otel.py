@@ -44,8 +44,8 @@ from opentelemetry import trace  # noqa: E402
 
 __all__ = ["SpanObserver", "instrument"]
 
-# Spelled here rather than imported: the semantic-conventions package is not a dependency of
-# opentelemetry-api, and these names are stable in the GenAI conventions.
+# Spelled here rather than imported: opentelemetry-api does not ship the semantic conventions,
+# and the GenAI names sit in their incubating part, which moves between packages.
 OPERATION_NAME = "gen_ai.operation.name"
 TOOL_NAME = "gen_ai.tool.name"
 TOOL_CALL_ID = "gen_ai.tool.call.id"
