@@ -501,21 +501,30 @@ def test_a_pending_llm_call_that_blocks_is_recorded_as_blocking(tmp_path: Path) 
 
 def test_the_idempotency_key_is_the_same_when_a_call_is_dispatched_again_in_a_later_turn(
         tmp_path: Path) -> None:
+    """A call that did not take effect (interrupted, then resolved not_performed) runs again
+    under its call id with the same key, so a downstream API can deduplicate it."""
     path = tmp_path / "j"
     seen: list[str] = []
 
     def send(to: str, context: walj.ToolContext) -> None:
         seen.append(context.idempotency_key)
+        if len(seen) == 1:
+            raise KeyboardInterrupt
 
+    with walj.ToolJournal.open(path, tools={"send": send}) as journal:
+        with pytest.raises(KeyboardInterrupt), journal.turn() as turn:
+            turn.dispatch("send", {"to": "ann"}, call_id="model-call-1")
+        journal.resolve(journal.recovery.blockers[0].execution_id or "", "not_performed",
+                        actor="ann")
     for _ in range(2):
         with walj.ToolJournal.open(path, tools={"send": send}) as journal:
             with journal.turn() as turn:
-                turn.dispatch("send", {"to": "ann"}, call_id="model-call-1")
-                turn.dispatch("send", {"to": "ann"})  # no call id: unique per turn
-    assert seen[0] == seen[2] and seen[1] != seen[3] and len(set(seen)) == 3
+                turn.dispatch("send", {"to": "ann"}, call_id="model-call-1")  # once settled,
+                turn.dispatch("send", {"to": "ann"})  # replayed; no call id: unique per turn
+    assert seen[0] == seen[1] and seen[2] != seen[3] and len(seen) == 4 and len(set(seen)) == 3
     started = [r for r in records(path) if r["kind"] == rc.STARTED]
-    assert [r["call_id"] for r in started] == ["model-call-1", "turn-1-call-2",
-                                            "model-call-1", "turn-2-call-2"]
+    assert [r["call_id"] for r in started] == ["model-call-1", "model-call-1", "turn-2-call-2",
+                                            "turn-3-call-2"]
 
 
 # --- shared with the review of published promises -------------------------------------------

@@ -106,12 +106,14 @@ def test_the_call_is_one_execution_and_its_identity_reaches_the_server(logdir: P
     caller_meta: dict[str, Any] = {"trace": "t-1"}
 
     async def main() -> tuple[mt.CallToolResult, mt.CallToolResult]:
-        with walj.ToolJournal.open(logdir) as journal:
+        with walj.ToolJournal.open(logdir, store_outputs=True) as journal:
             async with Client(server) as client:
                 mcp_client = journaled(client, journal)
                 first = await mcp_client.call_tool("send", {"to": "ann"}, call_id="c1",
                                                    meta=caller_meta)  # type: ignore[arg-type]
-                again = await mcp_client.call_tool("send", {"to": "ann"}, call_id="c1")
+                again = await mcp_client.call_tool("send", {"to": "ann"}, call_id="c2")
+                replayed = await mcp_client.call_tool("send", {"to": "ann"}, call_id="c1")
+                assert replayed.content == first.content and not replayed.is_error
                 return first, again
 
     first, again = run(main)
@@ -120,7 +122,7 @@ def test_the_call_is_one_execution_and_its_identity_reaches_the_server(logdir: P
     assert caller_meta == {"trace": "t-1"}  # merged into a copy, not changed
 
     started = of_kind(logdir, "tool_execution_started")
-    assert [(s["tool"], s["call_id"]) for s in started] == [("send", "c1"), ("send", "c1")]
+    assert [(s["tool"], s["call_id"]) for s in started] == [("send", "c1"), ("send", "c2")]
     assert [c["to"] for c in calls] == ["ann", "ann"]
     for intent, seen in zip(started, calls, strict=True):
         assert seen["meta"][IDEMPOTENCY_KEY_META] == intent["idempotency_key"]
@@ -129,12 +131,15 @@ def test_the_call_is_one_execution_and_its_identity_reaches_the_server(logdir: P
         assert done["kind"] == "tool_execution_finished" and done["outcome"] == "ok"
         assert "sent to ann" in done["output_preview"]
     assert calls[0]["meta"]["trace"] == "t-1"
-    # The same call again: the same idempotency key (a server can deduplicate it), a new id.
-    assert started[0]["idempotency_key"] == started[1]["idempotency_key"]
+    # Another call id: another idempotency key and execution. The settled c1 again was
+    # answered from the journal (replayed): it never reached the server.
+    assert started[0]["idempotency_key"] != started[1]["idempotency_key"]
     assert started[0]["execution_id"] != started[1]["execution_id"]
+    assert [r["execution_id"] for r in of_kind(logdir, "tool_execution_replayed")] == [
+        started[0]["execution_id"]]
     # Each call without turn= ran in a turn of its own, completed.
     assert len({s["turn_sequence"] for s in started}) == 2
-    assert len(of_kind(logdir, "turn_completed")) == 2
+    assert len(of_kind(logdir, "turn_completed")) == 3
 
 
 def test_a_call_in_a_given_turn_and_an_argument_named_context(logdir: Path) -> None:

@@ -238,6 +238,33 @@ def test_function_calls_each_get_a_span_named_by_their_call_id(
     assert [s.status.status_code for s in spans] == [StatusCode.UNSET, StatusCode.ERROR]
 
 
+def test_a_replayed_call_is_marked_and_names_the_settled_execution_a_refused_one_errs(
+        tmp_path: Path, traced: Traced) -> None:
+    async def send(x: int) -> int:
+        return x * 10
+
+    async def main() -> list[walj.ToolResult]:
+        with walj.ToolJournal.open(tmp_path / "j", store_outputs=True) as journal:
+            instrument(journal, tracer_provider=traced.provider)
+            async with journal.turn() as turn:
+                return [await turn.adispatch("send", {"x": x}, call_id="c1", handler=send)
+                        for x in (1, 1, 2)]
+
+    first, again, other = asyncio.run(main())
+    spans = traced.spans("execute_tool send")
+    assert [dict(s.attributes or {}).get("walj.outcome") for s in spans] == ["ok", "ok",
+                                                                             "refused"]
+    plain, replayed, refused = (dict(s.attributes or {}) for s in spans)
+    assert "walj.replayed" not in plain and replayed["walj.replayed"] is True
+    assert replayed["walj.execution_id"] == again.execution_id == first.execution_id
+    assert replayed["walj.idempotency_key"] == plain["walj.idempotency_key"]
+    assert spans[1].status.status_code is StatusCode.UNSET
+    assert refused["walj.execution_id"] == other.execution_id and other.outcome == "refused"
+    assert refused["error.type"] == "refused"
+    assert spans[2].status.status_code is StatusCode.ERROR
+    assert spans[2].status.description == other.error
+
+
 def test_undo_stops_the_spans_and_bad_arguments_are_refused(
         tmp_path: Path, traced: Traced) -> None:
     with walj.ToolJournal.open(tmp_path / "j") as journal:

@@ -315,3 +315,29 @@ def test_an_adispatch_cancelled_while_its_intent_is_written_ends_cancelled(
     assert ran == [] and end.outcome == "cancelled" and end.result is None
     assert isinstance(end.error, asyncio.CancelledError)
     assert "tool_execution_ambiguous" not in kinds(path)
+
+
+def test_a_replayed_and_a_refused_call_are_observed_after_their_records(
+        tmp_path: Path) -> None:
+    path = tmp_path / "j"
+    watcher = Watcher(path)
+    ran: list[int] = []
+
+    def send(x: int) -> int:
+        ran.append(x)
+        return x * 10
+
+    with walj.ToolJournal.open(path, store_outputs=True, observers=[watcher]) as journal:
+        with journal.turn() as turn:
+            first = turn.dispatch("send", {"x": 1}, call_id="c1", handler=send)
+            again = turn.dispatch("send", {"x": 1}, call_id="c1", handler=send)
+            other = turn.dispatch("send", {"x": 2}, call_id="c1", handler=send)
+    assert ran == [1] and again.replayed and again.output == 10
+    ends = [(end, seen) for name, end, seen in watcher.events if name == "end"]
+    assert [(e.outcome, e.result.replayed if e.result else None) for e, _ in ends] == [
+        ("ok", False), ("ok", True), ("refused", False)]
+    assert ends[1][0].result == again and again.execution_id == first.execution_id
+    assert ends[2][0].result == other
+    assert [seen[-1] for _, seen in ends] == ["tool_execution_finished",
+                                              "tool_execution_replayed",
+                                              "tool_execution_refused"]

@@ -325,13 +325,15 @@ def _interrupting(x: int) -> None:
 
 
 def build_journal(path: Path, mode: str, kind: str) -> list[str]:
-    """The prepared journal: "fresh" (one completed turn), "blocked" (one ambiguous execution)
-    or "many" (four ambiguous executions of tools with a policy or a reconcile hook that
-    settles, declines or fails, left by concurrent adispatch calls that were cancelled).
+    """The prepared journal: "fresh" (one completed turn), "settled" (the same, with the call
+    id "c0" and its output stored, so that it can be replayed), "blocked" (one ambiguous
+    execution) or "many" (four ambiguous executions of tools with a policy or a reconcile hook
+    that settles, declines or fails, left by concurrent adispatch calls that were cancelled).
     Returns the blockers' execution ids."""
-    with walj.ToolJournal.open(path, **options(mode)) as journal:
+    settled = kind == "settled"
+    with walj.ToolJournal.open(path, store_outputs=settled, **options(mode)) as journal:
         with journal.turn() as turn:
-            turn.dispatch("ok", {"x": 0}, handler=ok)
+            turn.dispatch("ok", {"x": 0}, handler=ok, call_id="c0" if settled else None)
         if kind == "blocked":
             try:
                 with journal.turn() as turn:
@@ -342,7 +344,7 @@ def build_journal(path: Path, mode: str, kind: str) -> list[str]:
             asyncio.run(_cancelled_together(journal, ["assume", "recon", "rnone", "rfail"]))
     with walj.ToolJournal.open(path, recovery="salvage") as journal:
         blockers = journal.recovery.blockers
-    want = {"fresh": 0, "blocked": 1, "many": 4}[kind]
+    want = {"fresh": 0, "settled": 0, "blocked": 1, "many": 4}[kind]
     assert len(blockers) == want and all(b.state == "ambiguous" for b in blockers), \
         f"could not prepare the {kind} journal: {blockers}"
     return [b.execution_id for b in blockers if b.execution_id]
@@ -383,7 +385,9 @@ def span_observers() -> list[Any]:
 class JournalScenario(Scenario):
     family = "journal"
     BASES = {"open_settle": "many", "resolve": "blocked", "dispatch_refused": "blocked",
-             "resolve_observed": "blocked", "dispatch_refused_observed": "blocked"}
+             "resolve_observed": "blocked", "dispatch_refused_observed": "blocked",
+             "dispatch_replayed_observed": "settled", "dispatch_replay_refused_observed":
+             "settled", "adispatch_replayed_observed": "settled"}
 
     def __init__(self, mode: str, op: str) -> None:
         super().__init__(mode)
@@ -404,6 +408,7 @@ class JournalScenario(Scenario):
         if self.op != "open_settle":
             watching = span_observers() if self.op.endswith("_observed") else []
             holder[0] = walj.ToolJournal.open(jdir, tools=tools, observers=watching,
+                                              store_outputs="replay" in self.op,
                                               **options(self.mode))
         rep.stage = f"the interrupted {self.op}"
         try:
@@ -464,6 +469,15 @@ class JournalScenario(Scenario):
             acks.result(turn.dispatch("ok", {"x": 1}))
             inj.call(lambda: turn.__exit__(None, None, None))
             acks.completed.add(turn.sequence)
+        elif op in ("dispatch_replayed", "dispatch_replay_refused"):
+            x = 0 if op == "dispatch_replayed" else 5  # the settled call's arguments, or not
+            with journal.turn() as turn:
+                acks.turns.add(turn.sequence)
+                result = inj.call(lambda: turn.dispatch("ok", {"x": x}, call_id="c0"))
+                assert result.outcome == ("ok" if x == 0 else "refused"), result
+                if result.replayed:  # the settled execution's terminal record answered it
+                    acks.result(result)
+            acks.completed.add(turn.sequence)
         else:
             tool = {"dispatch_ok": "ok", "dispatch_error": "err",
                     "dispatch_cancelled": "cancelled", "dispatch_refused": "ok"}[op]
@@ -494,6 +508,14 @@ class JournalScenario(Scenario):
             await inj.acall(lambda: turn.__aexit__(None, None, None))
             acks.completed.add(turn.sequence)
             await asyncio.sleep(0)
+        elif op == "adispatch_replayed":
+            async with journal.turn() as turn:
+                acks.turns.add(turn.sequence)
+                result = await inj.acall(lambda: turn.adispatch("ok", {"x": 0}, call_id="c0"))
+                assert result.replayed, result
+                acks.result(result)
+                await asyncio.sleep(0)  # a cancel asked for in the op's last step lands here
+            acks.completed.add(turn.sequence)
         else:
             tool = {"adispatch_ok": "aok", "adispatch_error": "aerr",
                     "adispatch_cancelled": "acancelled", "adispatch_sync": "ok"}[op]
@@ -528,16 +550,25 @@ def test_interrupt_journal_async(tmp_path: Path, op: str, mode: str) -> None:
     run_scenario(JournalScenario(mode, op), tmp_path, group)
 
 
+# The replay answer reads the settled call's record back in the dispatching thread: an
+# interrupt landing where that read's abandoned generator is finalised (walj/log/_segment.py,
+# the close of its file) is swallowed by the garbage collector, so the operation returns.
+_READ_BACK = pytest.mark.xfail(reason="Core.read_record abandons its walj.read generator; an "
+                               "interrupt in its finalisation is swallowed", strict=False)
 OBSERVED_OPS = ("dispatch_ok_observed", "dispatch_error_observed",
                 "dispatch_refused_observed", "resolve_observed", "adispatch_ok_observed",
-                "adispatch_error_observed")
+                "adispatch_error_observed", "adispatch_replayed_observed",
+                pytest.param("dispatch_replayed_observed", marks=_READ_BACK),
+                pytest.param("dispatch_replay_refused_observed", marks=_READ_BACK))
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.parametrize("op", OBSERVED_OPS)
 def test_interrupt_journal_observed(tmp_path: Path, op: str) -> None:
     """With the OpenTelemetry observer: the hook's lines and the observer's are interrupted
-    too, and every invariant holds as without it. One sync mode: the hook does no I/O."""
+    too, and every invariant holds as without it; the replay answers (which run inside the
+    dispatch's interrupt handling with the hook) included. One sync mode: the hook does no
+    I/O."""
     pytest.importorskip("opentelemetry.sdk")
     run_scenario(JournalScenario("always", op), tmp_path)
 

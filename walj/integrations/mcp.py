@@ -26,6 +26,7 @@ What `call_tool` answers:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -208,6 +209,8 @@ class JournaledClient:
             return _error_result(str(exc))
         if done.outcome == "blocked":
             return _blocked_result(done)
+        if done.outcome == "refused" or done.replayed:  # answered from the journal: no call
+            return _answered_result(done)
         if call.result is not None:  # "ok", or "error" for a result marked is_error
             return call.result
         if call.error is not None:  # the client raised: recorded as "error", raised as is
@@ -218,6 +221,20 @@ class JournaledClient:
 def _error_result(text: str) -> CallToolResult:
     result: CallToolResult = _mcp_types.CallToolResult(
         content=[_mcp_types.TextContent(type="text", text=text)], is_error=True)
+    return result
+
+
+def _answered_result(done: walj.ToolResult) -> CallToolResult:
+    """A call id the journal had settled: its recorded result, or why it was refused."""
+    if done.outcome == "ok":
+        try:
+            result: CallToolResult = _mcp_types.CallToolResult.model_validate(done.output)
+        except Exception:  # an output that was not a call result: shown as its JSON
+            result = _mcp_types.CallToolResult(
+                content=[_mcp_types.TextContent(type="text", text=json.dumps(done.output))])
+    else:
+        result = _error_result(done.error or f"walj answered {done.outcome}")
+    result.meta = {**(result.meta or {}), EXECUTION_ID_META: done.execution_id}
     return result
 
 

@@ -51,7 +51,7 @@ TOOL_NAME = "gen_ai.tool.name"
 TOOL_CALL_ID = "gen_ai.tool.call.id"
 ERROR_TYPE = "error.type"
 EXECUTE_TOOL = "execute_tool"
-ERROR_OUTCOMES = frozenset({"error", "blocked", "ambiguous"})
+ERROR_OUTCOMES = frozenset({"error", "blocked", "ambiguous", "refused"})
 SCOPE = "walj"
 
 
@@ -114,8 +114,11 @@ class SpanObserver(ToolObserver):
         span, token = entry
         try:
             span.set_attribute("walj.outcome", end.outcome)
-            if end.result is not None and getattr(end.result, "replayed", False):
+            if end.result is not None and end.result.replayed:
+                # Answered from the settled execution's record: that execution is the one to
+                # inspect or resolve, not the id this dispatch was given.
                 span.set_attribute("walj.replayed", True)
+                span.set_attribute("walj.execution_id", end.result.execution_id)
             if end.outcome in ERROR_OUTCOMES:
                 span.set_attribute(ERROR_TYPE, _error_type(end.error, end.outcome))
                 span.set_status(trace.StatusCode.ERROR, _description(end))

@@ -8,7 +8,14 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..errors import ClosedError, PoisonedError, RecordTooLargeError, SerializationError, TurnError
+from ..errors import (
+    ClosedError,
+    CorruptionError,
+    PoisonedError,
+    RecordTooLargeError,
+    SerializationError,
+    TurnError,
+)
 from ..log import Log, read
 from . import _damage, _writes
 from . import _records as rc
@@ -39,7 +46,8 @@ class Core:
 
     def __init__(self, log: Log, state: RecoveryState, tools: dict[str, Tool], *,
                  arguments_chars: int, output_chars: int, redactor: Redactor,
-                 store_arguments: bool, block_on_pending_llm_calls: bool) -> None:
+                 store_arguments: bool, block_on_pending_llm_calls: bool,
+                 stored_output_limit: int | None = None, read_options: Any = None) -> None:
         self.log = log
         self.log_id = log.log_id
         self.state = state
@@ -49,6 +57,10 @@ class Core:
         self.redactor = redactor
         self.store_arguments = store_arguments
         self.block_on_pending_llm_calls = block_on_pending_llm_calls
+        # The largest output (in JSON bytes) an ok call's terminal record stores, or None when
+        # outputs are not stored.
+        self.stored_output_limit = stored_output_limit
+        self.read_options: dict[str, Any] = dict(read_options or {})  # for walj.read
         self.write_lock = threading.RLock()
         self.lock = threading.Lock()
         self.resolve_lock = threading.Lock()
@@ -136,7 +148,7 @@ class Core:
         or may not have written is then in the state exactly when it is in the file."""
         if self.unknown_state is not None:
             return
-        state = RecoveryState()
+        state = RecoveryState(self.state.calls.window)
         try:
             for record in read(self.log.path):
                 state.feed(record.seq, record.data)
@@ -148,6 +160,15 @@ class Core:
             raise
         with self.lock:
             self.state = state
+
+    def read_record(self, seq: int) -> dict[str, Any]:
+        """The journal record at `seq`, read back from the log (a replay's settled call)."""
+        for record in read(self.log.path, seq, **self.read_options):
+            if record.seq == seq and isinstance(record.data, dict):
+                return record.data
+            break
+        raise CorruptionError(f"journal record {seq} could not be read back", seq=seq,
+                              kind="journal_record")
 
     def record_cuts(self) -> None:
         """On open: a durable log_cut record for each cut in quarantine/ not yet recorded, so a
@@ -209,7 +230,14 @@ class Core:
             self.write_settlements()
             if execution_id not in self.state.executions:
                 return  # a queued copy (its caller was cancelled) landed first
-            self.write(record, durable=True, on_fed=lambda seq: self.live.discard(execution_id))
+            try:
+                self.write(record, durable=True,
+                           on_fed=lambda seq: self.live.discard(execution_id))
+            except RecordTooLargeError:  # refused before anything was written
+                if "output" not in record:
+                    raise
+                self.write(_writes.without_output(record), durable=True,
+                           on_fed=lambda seq: self.live.discard(execution_id))
 
     def settle_later(self, execution_id: str, record: dict[str, Any]) -> None:
         """Without waiting for any lock but the state's: the execution leaves the live set now

@@ -14,6 +14,7 @@ from typing import Any
 from ..errors import UnknownToolError, WaljError
 from ..log import Log
 from . import _resolve
+from ._callindex import DEFAULT_REPLAY_WINDOW
 from ._core import Core
 from ._fingerprint import (
     ARGUMENTS_PREVIEW_CHARS,
@@ -31,6 +32,24 @@ from ._tools import Tool, error_result, invoke, lookup, normalise_calls, tools_f
 from ._turn import Turn
 
 _SESSION_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@+=-]{0,127}")
+
+
+DEFAULT_MAX_STORED_OUTPUT_BYTES = 64 * 1024
+DEFAULT_MAX_RECORD_BYTES = 2**20  # walj.Log.open's default
+# Room in an ok call's terminal record for everything but the output value: its fixed fields
+# and the output preview, each of whose characters JSON may write as up to 6 bytes (\u001f).
+_TERMINAL_RECORD_ROOM = 1024
+
+
+def _stored_output_limit(wanted: int, preview_chars: int, max_record_bytes: Any) -> int:
+    """`wanted`, or less when a record of that size could not fit the log."""
+    if type(max_record_bytes) is not int:
+        return wanted  # Log.open refuses it with its own message
+    room = max_record_bytes - _TERMINAL_RECORD_ROOM - 6 * preview_chars
+    if room < 1:
+        raise ValueError(f"max_record_bytes {max_record_bytes} leaves no room to store outputs "
+                         f"beside a {preview_chars}-character output preview")
+    return min(wanted, room)
 
 
 def check_session_id(session_id: Any) -> str:
@@ -68,22 +87,37 @@ class ToolJournal:
         redact_keys: Iterable[str] = DEFAULT_REDACT_KEYS,
         store_arguments: bool = False,
         block_on_pending_llm_calls: bool = False,
+        store_outputs: bool = False,
+        max_stored_output_bytes: int = DEFAULT_MAX_STORED_OUTPUT_BYTES,
+        replay_window: int = DEFAULT_REPLAY_WINDOW,
         observers: Iterable[ToolObserver] = (),
         **log_options: Any,
     ) -> ToolJournal:
         """Open (creating if needed) the journal in directory `path` and rebuild its recovery
         state in one pass. Reconcile hooks and on_ambiguous policies of registered tools then
-        settle what they can, durably. `observers` (walj.journal.ToolObserver) are told of
-        every execution and resolution from then on, those settlements included.
-        `log_options` go to walj.Log.open."""
+        settle what they can, durably. `log_options` go to walj.Log.open.
+
+        `store_outputs`: an ok call's terminal record also stores its output value (JSON of at
+        most `max_stored_output_bytes`, and always small enough for the log's record limit),
+        so a re-dispatch of its call id can be answered from it (docs/RECOVERY.md, "Replay").
+        `replay_window`: how many settled caller-given call ids the journal indexes.
+        `observers` (walj.journal.ToolObserver) are told of every execution and resolution from
+        then on, those settlements included (docs/RECOVERY.md, "Observers")."""
         registry = tools_from(tools)
         watching = check_observers(observers)
         for name, value in (("preview_chars", preview_chars),
-                            ("output_preview_chars", output_preview_chars)):
+                            ("output_preview_chars", output_preview_chars),
+                            ("max_stored_output_bytes", max_stored_output_bytes),
+                            ("replay_window", replay_window)):
             if type(value) is not int or value < 1:
                 raise ValueError(f"{name} must be a positive int, not {value!r}")
+        stored_output_limit = None
+        if store_outputs:
+            stored_output_limit = _stored_output_limit(
+                max_stored_output_bytes, output_preview_chars,
+                log_options.get("max_record_bytes", DEFAULT_MAX_RECORD_BYTES))
         redactor = Redactor(redact_keys)
-        state = RecoveryState()
+        state = RecoveryState(replay_window)
         # The one internal hook of the log: each verified record's bytes, during the open's scan.
         log = Log.open(path, _replay=state.feed_json, **log_options)
         try:
@@ -94,6 +128,8 @@ class ToolJournal:
                 redactor=redactor,
                 store_arguments=bool(store_arguments),
                 block_on_pending_llm_calls=bool(block_on_pending_llm_calls),
+                stored_output_limit=stored_output_limit,
+                read_options={"_fs": log_options["_fs"]} if log_options.get("_fs") else None,
             )
             core.observers = watching
             if log_options.get("recovery") != "salvage":
@@ -156,6 +192,19 @@ class ToolJournal:
     @property
     def block_on_pending_llm_calls(self) -> bool:
         return self._core.block_on_pending_llm_calls
+
+    @property
+    def store_outputs(self) -> bool:
+        return self._core.stored_output_limit is not None
+
+    @property
+    def max_stored_output_bytes(self) -> int | None:
+        """The largest output (JSON bytes) a terminal record stores; None without store_outputs."""
+        return self._core.stored_output_limit
+
+    @property
+    def replay_window(self) -> int:
+        return self._core.state.calls.window
 
     @property
     def recovery(self) -> Recovery:

@@ -4,11 +4,12 @@ called at fixed points of a dispatch and after each resolution, never able to ch
 The points, for every dispatch that got past its argument checks (a call refused with TypeError
 or UnknownToolError before anything was written is not observed):
 
-- `on_start(context)`: before the intent is written, in the caller's thread (in `adispatch`,
-  in the caller's task), so an observer may make its own context current for the handler;
-- `on_end(end)`: once the terminal record is durable (or the blocked record written), or once
-  an interrupted dispatch has done its recovery work, in that same thread or task, before
-  dispatch returns or raises;
+- `on_start(context)`: before the replay check and the intent, in the caller's thread (in
+  `adispatch`, in the caller's task), so an observer may make its own context current for the
+  handler;
+- `on_end(end)`: once the terminal record is durable (or the blocked, replayed or refused
+  record written), or once an interrupted dispatch has done its recovery work, in that same
+  thread or task, before dispatch returns or raises;
 - `on_resolved(resolution)`: once a resolution (a person's, a policy's or a reconcile hook's)
   is durable, outside the journal's locks.
 
@@ -37,7 +38,8 @@ HOOKS = ("on_start", "on_end", "on_resolved")
 class ExecutionEnd(NamedTuple):
     """What `on_end` is told about one dispatch.
 
-    `outcome`: "ok", "error", "cancelled" or "blocked" as in the result. When dispatch raised,
+    `outcome`: "ok", "error", "cancelled", "blocked" or "refused" as in the result (whose
+    `replayed` says it was answered from a settled call's record). When dispatch raised,
     what the journal recorded or queued for it: "ambiguous" while the execution blocks (an
     interrupt, a cancellation while the handler ran, `ToolOutcomeUnknown`, a terminal record
     that could not be written), a terminal record's outcome if one had landed, and "cancelled"

@@ -26,6 +26,22 @@ LLM_FINISHED = "llm_call_finished"
 LLM_RESOLVED = "llm_call_resolved"
 LOG_CUT = "log_cut"
 LOG_CUT_RESOLVED = "log_cut_resolved"
+REPLAYED = "tool_execution_replayed"
+REFUSED = "tool_execution_refused"
+SESSION_NAMED = "session_named"
+
+# Resolutions that settle a call (replay answers from them); the others (not_performed,
+# rerun) say it did not take effect, so it may run afresh.
+SETTLED_RESOLUTIONS = frozenset({"succeeded", "failed"})
+
+# Why a terminal record holds no `output` value (field `output_not_stored`).
+OUTPUT_TOO_LARGE = "too_large"
+OUTPUT_NOT_STORABLE = "not_storable"
+
+# Why a dispatch was refused (field `refused_reason` of tool_execution_refused).
+REFUSED_ARGUMENTS_DIFFER = "arguments_differ"
+REFUSED_OUTPUT_NOT_STORED = "output_not_stored"
+REFUSED_OUTSIDE_WINDOW = "outside_replay_window"
 
 # The field that names what a record is about, by kind (turn records name a turn_sequence).
 SUBJECT = {
@@ -33,6 +49,7 @@ SUBJECT = {
     BLOCKED: "execution_id", RESOLVED: "execution_id", RECONCILE_FAILED: "execution_id",
     LLM_STARTED: "llm_call_id", LLM_FINISHED: "llm_call_id", LLM_RESOLVED: "llm_call_id",
     LOG_CUT: "quarantine_file", LOG_CUT_RESOLVED: "quarantine_file",
+    REPLAYED: "execution_id", REFUSED: "execution_id",
 }
 
 
@@ -154,3 +171,4 @@ class Recovery:
     records: int
     last_seq: int
     cuts: tuple[Cut, ...] = ()
+    session_id: str | None = None  # as given to open_session (from its session_named record)

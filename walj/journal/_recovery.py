@@ -10,6 +10,7 @@ from typing import Any
 
 from ..errors import CorruptionError, UnsupportedVersionError
 from . import _records as r
+from ._callindex import DEFAULT_REPLAY_WINDOW, CallIndex, call_key, raw_call_key
 from ._damage import CutLedger
 from ._decode import decode_record as decode_record
 from ._decode import show, time_of, turn_number
@@ -34,6 +35,8 @@ _TIME_FIELD = b',"at":'
 _ID_LEN = 32
 _FIN_ID = len(_FINISHED_PREFIX)
 _FIN_ID_END = _FIN_ID + _ID_LEN
+_FIN_BLOCKED = b',"outcome":"blocked"'
+_FIN_OUTCOME_WINDOW = 64  # the id's closing quote, its time, then the outcome
 _START_ID = len(_STARTED_PREFIX)
 _START_ID_END = _START_ID + _ID_LEN
 # Where an intent names its turn: after its id, its time (at most 30 bytes of a JSON number
@@ -110,11 +113,15 @@ class RecoveryState:
     """Feed every record in log order (`feed` or `feed_json`), then take a `snapshot`.
 
     Memory is bounded by what is open: executions without a terminal record, turns without a
-    completion, pending LLM calls, and resolutions. Finished work is forgotten as it closes.
+    completion, pending LLM calls, and resolutions. Finished work is forgotten as it closes,
+    but for the replay index, itself bounded (CallIndex: the last `replay_window` settled
+    caller-given call ids).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, replay_window: int = DEFAULT_REPLAY_WINDOW) -> None:
         self.executions: dict[str, OpenExecution] = {}
+        self.calls = CallIndex(replay_window)  # settled caller-given call ids, for replay
+        self.session_id: str | None = None
         self.turns: dict[int, OpenTurn] = {}
         self.turn_stack: list[int] = []  # unpaired turn starts, oldest first
         self.llm_calls: dict[str, tuple[Mapping[str, Any], int]] = {}
@@ -135,7 +142,8 @@ class RecoveryState:
             r.RESOLVED: self._resolved, r.RECONCILE_FAILED: self._reconcile_failed,
             r.LLM_STARTED: self._llm_started, r.LLM_FINISHED: self._llm_finished,
             r.LLM_RESOLVED: self._llm_resolved, r.LOG_CUT: self.cuts.log_cut,
-            r.LOG_CUT_RESOLVED: self._cut_resolved,
+            r.LOG_CUT_RESOLVED: self._cut_resolved, r.REPLAYED: self._ignore,
+            r.REFUSED: self._ignore, r.SESSION_NAMED: self._session_named,
         }
 
     # --- feeding --------------------------------------------------------------------------------
@@ -147,8 +155,12 @@ class RecoveryState:
                 self.records += 1
                 self.last_seq = seq
                 execution = self.executions.pop(data[_FIN_ID:_FIN_ID_END].decode("latin-1"), None)
-                if execution is not None and execution.open_turn is not None:
-                    execution.open_turn.unfinished -= 1
+                if execution is not None:
+                    if execution.open_turn is not None:
+                        execution.open_turn.unfinished -= 1
+                    ran = data.find(_FIN_BLOCKED, _FIN_ID_END,
+                                    _FIN_ID_END + _FIN_OUTCOME_WINDOW) < 0
+                    self._index(execution, seq, ran)
                 return
         elif data.startswith(_STARTED_PREFIX):
             # The journal dispatches only in its one live turn, the latest started: check for
@@ -278,14 +290,28 @@ class RecoveryState:
             execution.open_turn = turn
 
     def _finished(self, seq: int, record: Mapping[str, Any]) -> None:
-        self._close_execution(self._id(seq, record))
-
-    def _close_execution(self, execution_id: str) -> None:
-        execution = self.executions.pop(execution_id, None)
+        execution = self.executions.pop(self._id(seq, record), None)
         if execution is None:
             return  # never a second terminal record: a finish after a resolution changes nothing
         if execution.open_turn is not None:
             execution.open_turn.unfinished -= 1
+        # A guard's ToolBlocked ends a call that never ran: not a settled call.
+        self._index(execution, seq, record.get("outcome") != "blocked")
+
+    def _index(self, execution: OpenExecution, seq: int, settled: bool) -> None:
+        """Index (or, when it did not take effect, un-index) a caller-given call id."""
+        key = raw_call_key(execution._raw) if execution._raw is not None else False
+        if key is False:
+            key = call_key(execution.record)
+        if not key:
+            return
+        if settled:
+            self.calls.settle(key[0], key[1], seq)
+        else:
+            self.calls.unsettle(key[0])
+
+    def _session_named(self, seq: int, record: Mapping[str, Any]) -> None:
+        self.session_id = self._text(seq, record, "session_id")
 
     def _ambiguous(self, seq: int, record: Mapping[str, Any]) -> None:
         execution = self.executions.get(self._id(seq, record))
@@ -306,6 +332,7 @@ class RecoveryState:
         # Checked before the execution is closed: a malformed settlement settles nothing.
         outcome, actor = self._text(seq, record, "outcome"), self._text(seq, record, "actor")
         del self.executions[execution_id]
+        self._index(execution, seq, outcome in r.SETTLED_RESOLUTIONS)
         # The turn keeps counting this execution as unfinished: its resolution settles the turn.
         self.resolutions.append(
             Resolution("execution", execution_id, execution.turn,
@@ -394,7 +421,8 @@ class RecoveryState:
         return Recovery(blocked=bool(blockers), blockers=tuple(blockers),
                         incomplete_turns=tuple(incomplete), pending_llm_calls=tuple(pending),
                         resolved=tuple(self.resolutions), records=self.records,
-                        last_seq=self.last_seq, cuts=tuple(self.cuts.cuts.values()))
+                        last_seq=self.last_seq, cuts=tuple(self.cuts.cuts.values()),
+                        session_id=self.session_id)
 
     def blocker(self, execution_id: str) -> Blocker:
         """The blocker view of an open execution (KeyError if it is not open)."""
@@ -410,10 +438,11 @@ class RecoveryState:
             reconcile_error=execution.reconcile_error, arguments=record.get("arguments"))
 
 
-def rebuild(records: Iterable[tuple[int, Any]]) -> RecoveryState:
+def rebuild(records: Iterable[tuple[int, Any]],
+            replay_window: int = DEFAULT_REPLAY_WINDOW) -> RecoveryState:
     """Rebuild the state from (seq, record) pairs in log order; a record may be a decoded dict
     or its JSON bytes. This is the one implementation the journal and the forensic tool share."""
-    state = RecoveryState()
+    state = RecoveryState(replay_window)
     for seq, record in records:
         if isinstance(record, (bytes, bytearray, memoryview)):
             state.feed_json(seq, bytes(record))

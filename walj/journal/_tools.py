@@ -16,7 +16,7 @@ from ._fingerprint import Digest
 from ._recovery import Blocker
 
 ON_AMBIGUOUS = ("fail", "assume_done", "rerun")
-OUTCOMES = ("ok", "error", "cancelled", "blocked")
+OUTCOMES = ("ok", "error", "cancelled", "blocked", "refused")
 RESULT_KEYS = ("name", "call_id", "arguments", "output", "error")
 
 Reconcile = Callable[[Blocker], "str | None"]
@@ -99,7 +99,10 @@ def tools_from(tools: Mapping[str, Any] | None) -> dict[str, Tool]:
 
 
 class ToolResult(NamedTuple):
-    """The result of one dispatch. `outcome` is "ok", "error", "cancelled" or "blocked"."""
+    """The result of one dispatch. `outcome` is "ok", "error", "cancelled", "blocked" or
+    "refused" (a settled call id that replay cannot answer: nothing ran). `replayed`: no
+    handler ran, the outcome was answered from the record of the settled call with this
+    call id, whose execution_id this is."""
 
     name: str
     call_id: str
@@ -108,6 +111,7 @@ class ToolResult(NamedTuple):
     error: str | None
     outcome: str
     execution_id: str
+    replayed: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         """The five keys handle_function_calls returns."""

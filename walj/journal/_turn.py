@@ -12,7 +12,7 @@ from types import TracebackType
 from typing import Any, NamedTuple
 
 from ..errors import ToolOutcomeUnknown, TurnError, UnknownToolError
-from . import _writes
+from . import _replay, _writes
 from ._aio import consume, in_worker, submit
 from ._core import Core, TurnSlot
 from ._fingerprint import (
@@ -37,6 +37,7 @@ class _Prepared(NamedTuple):
     digest: Digest
     context: ToolContext
     started: dict[str, Any]
+    call_id_generated: bool  # walj made up the call id: never replayed
 
     @property
     def execution_id(self) -> str:
@@ -154,6 +155,7 @@ class Turn(TurnSlot):
                                         FAST_CANONICAL)
         assert digest.sha256 is not None
         self._calls += 1
+        generated = call_id is None
         if call_id is None:
             # Deterministic, so the idempotency key is too; the turn keeps two turns' n-th
             # calls apart, since the key itself does not depend on the turn.
@@ -163,8 +165,9 @@ class Turn(TurnSlot):
         context = ToolContext(execution_id, key, name, call_id, self.sequence, digest.sha256,
                               core.log_id)
         started = _writes.intent(execution_id, self.sequence, name, call_id, digest, key,
-                                 arguments if core.store_arguments else None)
-        return _Prepared(name, call_id, arguments, tool, digest, context, started)
+                                 arguments if core.store_arguments else None,
+                                 call_id_generated=generated)
+        return _Prepared(name, call_id, arguments, tool, digest, context, started, generated)
 
     def _finish(self, prep: _Prepared, outcome: str, output: Any,
                 exc: BaseException | None) -> tuple[dict[str, Any], ToolResult]:
@@ -172,6 +175,8 @@ class Turn(TurnSlot):
         digest = None if exc is not None else describe_output(
             output, core.output_chars, core.redactor, FAST_CANONICAL)
         record = _writes.finished(prep.execution_id, outcome, digest, exc)
+        if exc is None and core.stored_output_limit is not None:
+            _writes.store_output(record, output, core.stored_output_limit)
         error = record["error"] if exc is not None else None
         result = ToolResult(prep.name, prep.call_id, prep.arguments, output, error, outcome,
                             prep.execution_id)
@@ -198,6 +203,13 @@ class Turn(TurnSlot):
             seen.end(result, None)
         return result
 
+    @staticmethod
+    def _answered(replayed: ToolResult, seen: Observation | None) -> ToolResult:
+        """A replayed or refused result (its record is durable), told to the observers."""
+        if seen is not None:
+            seen.end(replayed, None)
+        return replayed
+
     # --- sync dispatch --------------------------------------------------------------------------
 
     def dispatch(self, name: str, arguments: Mapping[str, Any], *, call_id: str | None = None,
@@ -213,13 +225,18 @@ class Turn(TurnSlot):
             raise TypeError(f"tool {name!r} is async: use `await turn.adispatch(...)`")
         eid = prep.execution_id
         # Observers are told inside the try below, so an interrupt in one is handled as one at
-        # that point without it would be: on_start before the intent, on_end after the record.
+        # that point without it would be: on_start before the replay check and the intent,
+        # on_end after the record. (Until the intent lands, that handling finds nothing open.)
         seen = Observation(core.observers, prep.context) if core.observers else None
         record: dict[str, Any] | None = None
         failure: Exception | None = None
         try:
             if seen is not None:
                 seen.start()
+            if not prep.call_id_generated:  # before the blocked check: answering runs nothing
+                replayed = _replay.answer(core, prep.context, prep.arguments)
+                if replayed is not None:
+                    return self._answered(replayed, seen)
             blockers = core.begin(prep.started, eid)
             if blockers is not None:
                 return self._blocked(prep, blockers, seen)
@@ -270,6 +287,11 @@ class Turn(TurnSlot):
         try:
             if seen is not None:
                 seen.start()
+            if not prep.call_id_generated:  # before the blocked check: answering runs nothing
+                replayed: ToolResult | None = await in_worker(_replay.answer, core,
+                                                              prep.context, prep.arguments)
+                if replayed is not None:
+                    return self._answered(replayed, seen)
             core.reserve(eid)
             blockers = await in_worker(functools.partial(core.begin, reserved=True),
                                        prep.started, eid)

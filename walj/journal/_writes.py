@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from .. import _codec
 from . import _records as rc
 from ._fingerprint import Digest, describe_error
 
@@ -26,14 +27,21 @@ def turn_resolved(sequence: int, actor: str, note: str | None) -> dict[str, Any]
 
 
 def intent(execution_id: str, turn_sequence: int, tool: str, call_id: str, digest: Digest,
-           idempotency_key: str, arguments: Any = None) -> dict[str, Any]:
-    """tool_execution_started; `arguments` only when the journal stores them."""
+           idempotency_key: str, arguments: Any = None, *,
+           call_id_generated: bool = False) -> dict[str, Any]:
+    """tool_execution_started; `arguments` only when the journal stores them.
+    `call_id_generated`: walj made up the call id (turn-N-call-M), so replay never keys on it;
+    written right after call_id, where the rebuild's fast path looks for it."""
     record: dict[str, Any] = {
         "kind": rc.STARTED, "version": rc.CONTRACT_VERSION, "execution_id": execution_id,
         "at": now(), "turn_sequence": turn_sequence, "tool": tool, "call_id": call_id,
+    }
+    if call_id_generated:
+        record["call_id_generated"] = True
+    record.update({
         "arguments_sha256": digest.sha256, "idempotency_key": idempotency_key,
         "arguments_preview": digest.preview, "arguments_length": digest.length,
-    }
+    })
     if arguments is not None:
         record["arguments"] = arguments
     return record
@@ -41,7 +49,9 @@ def intent(execution_id: str, turn_sequence: int, tool: str, call_id: str, diges
 
 def finished(execution_id: str, outcome: str, output: Digest | None,
              exc: BaseException | None) -> dict[str, Any]:
-    """tool_execution_finished: the output's digest, or the error that ended the call."""
+    """tool_execution_finished: the output's digest, or the error that ended the call. The
+    journal adds the output value itself (`output`, or `output_not_stored` and why) when it
+    stores outputs."""
     record: dict[str, Any] = {"kind": rc.FINISHED, "version": rc.CONTRACT_VERSION,
                               "execution_id": execution_id, "at": now(), "outcome": outcome}
     if exc is not None:
@@ -52,6 +62,58 @@ def finished(execution_id: str, outcome: str, output: Digest | None,
         record["output_preview"] = output.preview
         record["output_length"] = output.length
     return record
+
+
+def replayed(answered: dict[str, Any], answered_from_seq: int, turn_sequence: int, tool: str,
+             call_id: str, arguments_sha256: str, outcome: str) -> dict[str, Any]:
+    """tool_execution_replayed: a dispatch answered from a settled call's record; no handler
+    ran. `execution_id` is the execution it answered from; `answered_from_seq` the record."""
+    return {"kind": rc.REPLAYED, "version": rc.CONTRACT_VERSION,
+            "execution_id": answered["execution_id"], "at": now(),
+            "turn_sequence": turn_sequence, "tool": tool, "call_id": call_id,
+            "arguments_sha256": arguments_sha256, "outcome": outcome,
+            "answered_from_seq": answered_from_seq}
+
+
+def refused(execution_id: str, turn_sequence: int, tool: str, call_id: str,
+            arguments_sha256: str, reason: str, error: str,
+            settled_execution_id: str | None) -> dict[str, Any]:
+    """tool_execution_refused: a dispatch of a settled call id that replay cannot answer;
+    no handler ran. `execution_id` is the refused dispatch's own (never started) id."""
+    return {"kind": rc.REFUSED, "version": rc.CONTRACT_VERSION, "execution_id": execution_id,
+            "at": now(), "turn_sequence": turn_sequence, "tool": tool, "call_id": call_id,
+            "arguments_sha256": arguments_sha256, "refused_reason": reason, "error": error,
+            "settled_execution_id": settled_execution_id}
+
+
+def session_named(session_id: str) -> dict[str, Any]:
+    """session_named: the session id a journal was opened under, as given."""
+    return {"kind": rc.SESSION_NAMED, "version": rc.CONTRACT_VERSION, "at": now(),
+            "session_id": session_id}
+
+
+def store_output(record: dict[str, Any], output: Any, limit: int) -> None:
+    """Add an ok call's output value to its terminal record: `output` when it is JSON walj
+    stores unchanged within `limit` bytes, else `output_not_stored` and why. Never raises:
+    the handler already ran, and its outcome must be recorded whatever it returned."""
+    try:
+        # One level less than the log allows: the record holds it.
+        plain = _codec.check(output, _codec.MAX_DEPTH - 1, "output")[0]
+        size = len(_codec.encode(plain))
+    except Exception:  # SerializationError, or a value too strange to even check
+        record["output_not_stored"] = rc.OUTPUT_NOT_STORABLE
+        return
+    if size > limit:
+        record["output_not_stored"] = rc.OUTPUT_TOO_LARGE
+    else:
+        record["output"] = plain
+
+
+def without_output(record: dict[str, Any]) -> dict[str, Any]:
+    """The terminal record without its output value, when the whole would not fit the log."""
+    smaller = {key: value for key, value in record.items() if key != "output"}
+    smaller["output_not_stored"] = rc.OUTPUT_TOO_LARGE
+    return smaller
 
 
 def ambiguous_record(execution_id: str, exc: BaseException) -> dict[str, Any]:
