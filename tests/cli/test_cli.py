@@ -166,7 +166,7 @@ def test_inspect_clean_journal(logs: dict[str, Any]) -> None:
     run = walj_cli("inspect", logs["clean"], "--json")
     assert run.code == 0, run.err
     report = run.json()
-    assert report["schema"] == "walj.inspect/2"
+    assert report["schema"] == "walj.inspect/3"
     assert set(report) >= {"path", "log_id", "now", "log_started_at", "records", "last_seq",
                            "log_ok", "problems", "torn_tail", "writer", "blocked", "blockers",
                            "incomplete_turns", "pending_llm_calls", "resolutions"}
@@ -273,7 +273,7 @@ def test_timeline(logs: dict[str, Any]) -> None:
     run = walj_cli("timeline", logs["blocked"], "--json")
     assert run.code == 1
     report = run.json()
-    assert report["schema"] == "walj.timeline/1" and report["blocked"] is True
+    assert report["schema"] == "walj.timeline/2" and report["blocked"] is True
     turns = report["turns"]
     assert [t["turn_sequence"] for t in turns] == [1, 2, 3]
     assert [t["state"] for t in turns] == ["completed", "completed", "incomplete"]

@@ -323,3 +323,29 @@ def test_the_rebuild_fast_path_and_the_decoded_path_index_the_same(tmp_path: Pat
                                                        "back\\slash"])
     started = next(encode(d) for _, d in raw if d["kind"] == rc.STARTED)
     assert raw_call_key(started) == ("plain", raw[1][1]["arguments_sha256"])
+
+
+def test_the_cli_shows_replayed_and_refused_calls(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from walj.cli._main import main
+
+    path = tmp_path / "j"
+    with _open(path, {"send": Recorder()}) as journal:
+        _dispatch(journal, "send", {"to": "ann"}, "c1")
+        _dispatch(journal, "send", {"to": "ann"}, "c1")
+        refused = _dispatch(journal, "send", {"to": "bob"}, "c1")
+    assert main(["timeline", "--json", str(path)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["schema"] == "walj.timeline/2"
+    answered = [item for turn in report["turns"] for item in turn["replayed"]]
+    assert [item["outcome"] for item in answered] == ["ok", "refused"]
+    assert answered[1]["refused_reason"] == rc.REFUSED_ARGUMENTS_DIFFER
+    assert main(["timeline", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "REPLAYED" in text and "SETTLED-CALL" in text
+    assert main(["dump", str(path)]) == 0
+    assert "replayed ok from record" in capsys.readouterr().out
+    assert main(["inspect", str(path), refused.execution_id]) == 0
+    assert "call id already settled: arguments_differ" in capsys.readouterr().out

@@ -253,11 +253,9 @@ def test_custom_preview_sizes_and_redaction(tmp_path: Path) -> None:
         walj.ToolJournal.open(tmp_path / "k", preview_chars=0)
 
 
-@pytest.mark.parametrize("session_id", [
-    "", ".", "..", "../escape", "a/b", "a\\b", ".hidden", "-flag", "x" * 129, "a\x00b",
-    "/abs", "é", "a b",
-])
-def test_unsafe_session_ids_are_refused(tmp_path: Path, session_id: str) -> None:
+@pytest.mark.parametrize("session_id", ["", None, 42, b"user", "lone \ud800 surrogate"])
+def test_empty_non_text_and_unencodable_session_ids_are_refused(tmp_path: Path,
+                                                                session_id: Any) -> None:
     with pytest.raises(ValueError):
         walj.ToolJournal.open_session(tmp_path, session_id)
     assert list(tmp_path.iterdir()) == []

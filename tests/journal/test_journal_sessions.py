@@ -40,4 +40,6 @@ def test_a_thousand_open_journals_in_one_process(tmp_path: Path) -> None:
     assert _open_fds() == before
     for k in (0, SESSIONS - 1):
         with walj.ToolJournal.open_session(tmp_path, f"s{k}") as journal:
-            assert journal.recovery.records == 4 and not journal.recovery.blocked
+            # session_named, turn_started, the intent, its outcome, turn_completed
+            assert journal.recovery.records == 5 and not journal.recovery.blocked
+            assert journal.recovery.session_id == f"s{k}"

@@ -126,9 +126,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     now = time.time()
     created = log_created(path, names)
     report: dict[str, Any] = {
-        "schema": "walj.inspect/2",
+        "schema": "walj.inspect/3",
         "path": path,
         "log_id": log_scan.log_id,
+        "session_id": rec.session_id,
         "now": round(now, 3),
         "log_started_at": created,
         "records": log_scan.records,
@@ -156,6 +157,8 @@ def _inspect_text(path: str, report: dict[str, Any], log_scan: LogScan, rec: Rec
         f"last seq {log_scan.last_seq}",
         f"started  {clock(started)} UTC ({duration(age(started, now))} ago)",
     ]
+    if rec.session_id is not None:  # write_lines shows its control characters as escapes
+        lines.append(f"session  {rec.session_id}")
     if rec.blocked:
         lines.append(f"state    BLOCKED by {plural(len(rec.blockers), 'blocker')}: dispatch "
                      "refuses every tool call until each is resolved")
@@ -266,13 +269,16 @@ def _inspect_execution(path: str, names: list[str], wanted: str, as_json: bool) 
     first = found[0][1]
     terminal = next((d for _, d in found if d.get("kind") in (
         "tool_execution_finished", "tool_execution_resolved", "tool_execution_blocked",
-        "llm_call_finished", "llm_call_resolved")), None)
+        "tool_execution_refused", "llm_call_finished", "llm_call_resolved")), None)
     if blocker is not None:
         status = f"blocker ({blocker.state})"
     elif terminal is None:
         status = "pending" if first.get("kind") == "llm_call_started" else "open"
     elif terminal.get("kind") == "tool_execution_blocked":
         status = "refused (dispatch was blocked; nothing ran)"
+    elif terminal.get("kind") == "tool_execution_refused":
+        status = (f"refused (call id already settled: "
+                  f"{opt_str(terminal.get('refused_reason')) or '?'}; nothing ran)")
     elif terminal.get("kind") in ("tool_execution_resolved", "llm_call_resolved"):
         status = (f"resolved: {opt_str(terminal.get('outcome')) or '?'} by "
                   f"{opt_str(terminal.get('actor')) or '?'}")

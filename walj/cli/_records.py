@@ -80,6 +80,14 @@ def summary(data: Any) -> str:
         count = len(str_list(data.get("blocked_by"))) + len(int_list(data.get("blocked_by_turns")))
         return (f"{data.get('tool')} {data.get('call_id')}{_turn(data)} refused: blocked by "
                 f"{count} blocker(s)")
+    if kind == "tool_execution_replayed":
+        return (f"{data.get('tool')} {data.get('call_id')}{_turn(data)} replayed "
+                f"{data.get('outcome')} from record {data.get('answered_from_seq')}")
+    if kind == "tool_execution_refused":
+        return (f"{data.get('tool')} {data.get('call_id')}{_turn(data)} refused: "
+                f"{data.get('refused_reason')}")
+    if kind == "session_named":
+        return f"session {data.get('session_id')}"
     if kind in ("tool_execution_resolved", "llm_call_resolved"):
         return f"{data.get('outcome')} by {data.get('actor')}: {data.get('note')}"
     if kind == "turn_resolved":

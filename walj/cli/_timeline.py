@@ -129,6 +129,17 @@ class Builder:
                 "tool": opt_str(data.get("tool")), "call_id": opt_str(data.get("call_id")), "at": t,
                 "blocked_by": str_list(data.get("blocked_by")),
                 "blocked_by_turns": int_list(data.get("blocked_by_turns"))})
+        elif kind in ("tool_execution_replayed", "tool_execution_refused"):
+            # Answered from a settled call's record, or refused: no handler ran either way.
+            refused = kind == "tool_execution_refused"
+            self.turn(data.get("turn_sequence")).items.append({
+                "replayed": True, "execution_id": opt_str(eid), "seq": seq,
+                "tool": opt_str(data.get("tool")), "call_id": opt_str(data.get("call_id")),
+                "at": t,
+                "outcome": "refused" if refused else opt_str(data.get("outcome")),
+                "refused_reason": opt_str(data.get("refused_reason")) if refused else None,
+                "answered_from_seq": data.get("answered_from_seq")
+                if type(data.get("answered_from_seq")) is int else None})
         elif kind in ("llm_call_started",) and isinstance(eid, str):
             call = {"llm_call_id": eid, "seq": seq, "model": opt_str(data.get("model")),
                     "started_at": t,
@@ -166,10 +177,13 @@ def _resolution(data: dict[str, Any], t: float | None) -> dict[str, Any]:
 
 
 def _turn_json(node: TurnNode) -> dict[str, Any]:
-    items: dict[str, list[Any]] = {"executions": [], "refused": [], "llm_calls": []}
+    items: dict[str, list[Any]] = {"executions": [], "refused": [], "replayed": [],
+                                   "llm_calls": []}
     for item in node.items:
         if isinstance(item, Execution):
             items["executions"].append(item.as_json())
+        elif item.get("replayed"):
+            items["replayed"].append({k: v for k, v in item.items() if k != "replayed"})
         elif item.get("refused"):
             items["refused"].append({k: v for k, v in item.items() if k != "refused"})
         else:
@@ -199,7 +213,7 @@ def cmd_timeline(args: argparse.Namespace) -> int:
     turns = [_turn_json(builder.turns[key]) for key in order]
     code = EXIT_PROBLEMS if rec.blocked or log_scan.problems else EXIT_OK
     if args.json:
-        emit_json({"schema": "walj.timeline/1", "path": path, "log_id": log_scan.log_id,
+        emit_json({"schema": "walj.timeline/2", "path": path, "log_id": log_scan.log_id,
                    "blocked": rec.blocked, "log_ok": not log_scan.problems, "turns": turns})
         return code
     write_lines(_render(path, turns, rec.blocked, len(log_scan.problems)))
@@ -222,6 +236,7 @@ def _render(path: str, turns: list[dict[str, Any]], blocked: bool, problems: int
                           f"{duration(turn['duration_seconds'])}"
                           f"{'  ' + marks if marks else ''}{settled}"]))
         items = ([("x", e) for e in turn["executions"]] + [("r", r) for r in turn["refused"]]
+                 + [("p", p) for p in turn["replayed"]]
                  + [("l", c) for c in turn["llm_calls"]])
         items.sort(key=lambda kv: int(kv[1]["seq"]))
         for i, (kind, item) in enumerate(items):
@@ -268,6 +283,14 @@ def _item_cells(kind: str, item: dict[str, Any]) -> list[str]:
         return [str(item["tool"]), str(item["call_id"]), "REFUSED", "-", "BLOCKED-DISPATCH",
                 f"exec {str(item['execution_id'])[:12]}",
                 f"dispatch blocked by {count} blocker(s); nothing ran"]
+    if kind == "p":
+        if item["outcome"] == "refused":
+            return [str(item["tool"]), str(item["call_id"]), "REFUSED", "-", "SETTLED-CALL",
+                    f"exec {str(item['execution_id'])[:12]}",
+                    f"{item['refused_reason']}; nothing ran"]
+        return [str(item["tool"]), str(item["call_id"]), str(item["outcome"]), "-", "REPLAYED",
+                f"exec {str(item['execution_id'])[:12]}",
+                f"answered from record {item['answered_from_seq']}; nothing ran"]
     outcome = "pending" if item["pending"] else str(item["outcome"])
     return [f"llm {item['model'] or '-'}", "-", outcome, duration(item["duration_seconds"]),
             "PENDING" if item["pending"] else "", f"llm {str(item['llm_call_id'])[:12]}", ""]

@@ -170,6 +170,18 @@ class Core:
         raise CorruptionError(f"journal record {seq} could not be read back", seq=seq,
                               kind="journal_record")
 
+    def name_session(self, session_id: str) -> None:
+        """Record the session id once (session_named); a journal recorded under another id is
+        refused with ValueError, so two ids can never share one journal unnoticed."""
+        with self.write_lock:
+            self.check_open()
+            recorded = self.state.session_id
+            if recorded is None:
+                self.write(_writes.session_named(session_id), durable=True)
+            elif recorded != session_id:
+                raise ValueError(f"the journal in {str(self.log.path)!r} belongs to session "
+                                 f"{recorded!r}, not {session_id!r}")
+
     def record_cuts(self) -> None:
         """On open: a durable log_cut record for each cut in quarantine/ not yet recorded, so a
         cut that no crash explains blocks from now on, here and after every reopen. A crash

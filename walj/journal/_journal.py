@@ -5,7 +5,6 @@ state and writes live in its Core."""
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType, TracebackType
@@ -28,11 +27,9 @@ from ._fingerprint import (
 from ._llm import LLMCall
 from ._observe import ToolObserver, check_observers
 from ._recovery import Recovery, RecoveryState, Resolution
+from ._sessions import check_session_id, directory_name
 from ._tools import Tool, error_result, invoke, lookup, normalise_calls, tools_from
 from ._turn import Turn
-
-_SESSION_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@+=-]{0,127}")
-
 
 DEFAULT_MAX_STORED_OUTPUT_BYTES = 64 * 1024
 DEFAULT_MAX_RECORD_BYTES = 2**20  # walj.Log.open's default
@@ -50,23 +47,6 @@ def _stored_output_limit(wanted: int, preview_chars: int, max_record_bytes: Any)
         raise ValueError(f"max_record_bytes {max_record_bytes} leaves no room to store outputs "
                          f"beside a {preview_chars}-character output preview")
     return min(wanted, room)
-
-
-def check_session_id(session_id: Any) -> str:
-    """Refuse, with ValueError, anything but 1-128 characters of [A-Za-z0-9_.@+=-] that does
-    not start with '.' or '-': no separators, no traversal, no hidden or empty names."""
-    if not isinstance(session_id, str):
-        raise ValueError(f"session id must be a string, not {type(session_id).__name__}")
-    if not session_id:
-        raise ValueError("session id is empty")
-    if len(session_id) > 128:
-        raise ValueError(f"session id is {len(session_id)} characters; the limit is 128")
-    if _SESSION_ID.fullmatch(session_id) is None:
-        raise ValueError(
-            f"unsafe session id {session_id!r}: use letters, digits and _.@+=- only, not "
-            "starting with '.' or '-' (no path separators or traversal)"
-        )
-    return session_id
 
 
 class ToolJournal:
@@ -147,13 +127,31 @@ class ToolJournal:
     def open_session(
         cls, root: str | os.PathLike[str], session_id: str, **options: Any
     ) -> ToolJournal:
-        """Open the journal of one session in `root/<session_id>/`; unsafe ids: ValueError."""
-        check_session_id(session_id)
-        base = Path(root)
-        path = base / session_id
-        if path.parent != base:
-            raise ValueError(f"unsafe session id {session_id!r}")
-        return cls.open(path, **options)
+        """Open the journal of one session (any non-empty text, such as a thread or
+        conversation id) in its directory under `root` (`session_path`). The id is recorded
+        in the journal (session_named) and shown as `recovery.session_id`. A journal there
+        recorded under another id: ValueError, nothing written."""
+        path = cls.session_path(root, session_id)
+        journal = cls.open(path, **options)
+        try:
+            if options.get("recovery") != "salvage":
+                journal._core.name_session(session_id)
+            return journal
+        except BaseException:
+            try:
+                journal.close()
+            except WaljError:
+                pass  # the exception in flight says more
+            raise
+
+    @staticmethod
+    def session_path(root: str | os.PathLike[str], session_id: str) -> Path:
+        """The directory of session `session_id` under `root`. An id of 1-128 characters of
+        [A-Za-z0-9_.@+=-] not starting with '.' or '-' is its own name; any other is '%' and
+        its percent-encoded UTF-8 (hash-suffixed when long), so distinct ids never share a
+        directory and none escapes `root` (docs/RECOVERY.md, "Sessions"). Empty, non-str
+        and lone-surrogate ids: ValueError."""
+        return Path(root) / directory_name(check_session_id(session_id))
 
     # --- what it is -----------------------------------------------------------------------------
 
@@ -205,6 +203,11 @@ class ToolJournal:
     @property
     def replay_window(self) -> int:
         return self._core.state.calls.window
+
+    @property
+    def session_id(self) -> str | None:
+        """The session id recorded in this journal (open_session), or None."""
+        return self._core.state.session_id
 
     @property
     def recovery(self) -> Recovery:
