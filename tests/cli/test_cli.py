@@ -209,7 +209,7 @@ def test_inspect_one_execution_and_unknown_ids(logs: dict[str, Any]) -> None:
     run = walj_cli("inspect", logs["blocked"], eid[:10], "--json")
     assert run.code == 1
     report = run.json()
-    assert report["schema"] == "walj.execution/3" and report["execution_id"] == eid
+    assert report["schema"] == "walj.execution/4" and report["execution_id"] == eid
     assert [r["data"]["kind"] for r in report["records"]] == [
         "tool_execution_started", "tool_execution_ambiguous"]
     assert report["blocker"]["state"] == "ambiguous"

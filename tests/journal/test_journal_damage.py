@@ -14,6 +14,7 @@ import walj
 from tests.cli_helpers import walj_cli
 from tests.helpers import segments
 from tests.journal_helpers import Recorder, kinds
+from walj.journal import _records as rc
 
 
 def _ambiguous_then_turns(path: Path, sent: Recorder, turns: int = 8) -> str:
@@ -48,7 +49,8 @@ def _turn_offset(path: Path, turn: int) -> int:
     """The file offset of turn `turn`'s turn_started line in the last segment."""
     seg = segments(path)[-1]
     data = seg.read_bytes()
-    needle = b'"kind":"turn_started","version":2,"turn_sequence":%d,' % turn
+    needle = b'"kind":"turn_started","version":%d,"turn_sequence":%d,' % (rc.CONTRACT_VERSION,
+                                                                          turn)
     return data.rindex(b"\n", 0, data.index(needle)) + 1
 
 

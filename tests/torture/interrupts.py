@@ -970,7 +970,9 @@ FINISHED = "tool_execution_finished"
 AMBIGUOUS = "tool_execution_ambiguous"
 BLOCKED = "tool_execution_blocked"
 RESOLVED = "tool_execution_resolved"
-TERMINAL = (FINISHED, BLOCKED, RESOLVED)
+REFUSED = "tool_execution_refused"
+REPLAYED = "tool_execution_replayed"
+TERMINAL = (FINISHED, BLOCKED, RESOLVED, REFUSED)
 
 
 def blocker_keys(recovery: walj.Recovery, lenient: bool) -> set[tuple[str, str]]:
@@ -1043,9 +1045,13 @@ class JournalAcks:
     resolved_turns: set[int] = field(default_factory=set)
     turns: set[int] = field(default_factory=set)
     completed: set[int] = field(default_factory=set)
+    replayed: set[str] = field(default_factory=set)  # settled executions a replay answered from
 
     def result(self, result: walj.ToolResult) -> None:
-        self.results[result.execution_id] = result.outcome
+        if result.replayed:
+            self.replayed.add(result.execution_id)
+        else:
+            self.results[result.execution_id] = result.outcome
 
 
 class JournalFollowUps:
@@ -1193,9 +1199,12 @@ def check_journal_files(path: Path, report: Report, acks: JournalAcks) -> None:
     turns: set[int] = set()
     completed: Counter[int] = Counter()
     resolved_turns: set[int] = set()
+    replayed: set[str] = set()
     for r in records:
         kind = r.data.get("kind")
-        if kind in TERMINAL:
+        if kind == REPLAYED:
+            replayed.add(r.data["execution_id"])
+        elif kind in TERMINAL:
             terminal.setdefault(r.data["execution_id"], r.data)
         elif kind == "turn_started":
             turns.add(r.data["turn_sequence"])
@@ -1208,11 +1217,16 @@ def check_journal_files(path: Path, report: Report, acks: JournalAcks) -> None:
         facts += 1
         t = terminal.get(eid)
         ok = t is not None and (
-            t["kind"] == BLOCKED if outcome == "blocked" else t.get("outcome") == outcome)
+            t["kind"] == BLOCKED if outcome == "blocked" else
+            t["kind"] == REFUSED if outcome == "refused" else t.get("outcome") == outcome)
         if not ok:
             wrong += 1
             rep.fail("3", f"dispatch returned {outcome!r} for {eid[:8]}; its terminal record is "
                           f"{t and (t['kind'], t.get('outcome'))}")
+    for eid in acks.replayed - replayed:
+        facts += 1
+        wrong += 1
+        rep.fail("3", f"a replay of {eid[:8]} was acknowledged but is not on disk")
     for eid in acks.resolved:
         facts += 1
         if terminal.get(eid, {}).get("kind") != RESOLVED:

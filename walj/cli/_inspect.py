@@ -285,7 +285,7 @@ def _inspect_execution(path: str, names: list[str], wanted: str, as_json: bool) 
     else:
         status = f"finished: {opt_str(terminal.get('outcome')) or '?'}"
     report = {
-        "schema": "walj.execution/3",
+        "schema": "walj.execution/4",
         "path": path,
         "execution_id": execution_id,
         "kind": "llm_call" if str(first.get("kind", "")).startswith("llm_") else "tool_execution",

@@ -5,8 +5,8 @@ private attributes; ToolJournal is the public face that owns one."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Generator, Mapping
+from typing import Any, cast
 
 from ..errors import (
     ClosedError,
@@ -16,7 +16,7 @@ from ..errors import (
     SerializationError,
     TurnError,
 )
-from ..log import Log, read
+from ..log import Log, Record, read
 from . import _damage, _writes
 from . import _records as rc
 from ._fingerprint import Redactor
@@ -163,10 +163,16 @@ class Core:
 
     def read_record(self, seq: int) -> dict[str, Any]:
         """The journal record at `seq`, read back from the log (a replay's settled call)."""
-        for record in read(self.log.path, seq, **self.read_options):
-            if record.seq == seq and isinstance(record.data, dict):
-                return record.data
-            break
+        # Closed here, not left to the garbage collector, where an interrupt in its cleanup
+        # would be swallowed.
+        records = cast("Generator[Record, None, None]", read(self.log.path, seq,
+                                                             **self.read_options))
+        try:
+            record = next(records, None)
+        finally:
+            records.close()
+        if record is not None and record.seq == seq and isinstance(record.data, dict):
+            return record.data
         raise CorruptionError(f"journal record {seq} could not be read back", seq=seq,
                               kind="journal_record")
 

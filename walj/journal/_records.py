@@ -9,8 +9,10 @@ from typing import Any
 # Bump when a record kind is added or a field changes meaning: an older walj must refuse a log
 # it cannot fully understand rather than miss a blocker. Version 2 named every field in full
 # (docs/RECOVERY.md, "Records"); version 1's short keys (`k`, `v`, `o`, ...) are refused.
-CONTRACT_VERSION = 2
-SUPPORTED_VERSIONS = frozenset({CONTRACT_VERSION})
+# Version 3 added replay (tool_execution_replayed, tool_execution_refused, stored outputs,
+# call_id_generated) and session_named; a version-2 log reads the same as before.
+CONTRACT_VERSION = 3
+SUPPORTED_VERSIONS = frozenset({2, CONTRACT_VERSION})
 
 TURN_STARTED = "turn_started"
 TURN_COMPLETED = "turn_completed"

@@ -20,29 +20,32 @@ from ._records import PendingLLMCall as PendingLLMCall
 from ._records import Recovery as Recovery
 from ._records import Resolution as Resolution
 
+
 # Byte prefixes of the commonest records, read without a full decode; the journal writes
 # kind, version and the subject's id first so these match. Anything else takes the general
 # path, which decodes the record and checks every field it uses.
-_FINISHED_PREFIX = b'{"kind":"%s","version":%d,"execution_id":"' % (
-    r.FINISHED.encode(), r.CONTRACT_VERSION)
-_STARTED_PREFIX = b'{"kind":"%s","version":%d,"execution_id":"' % (
-    r.STARTED.encode(), r.CONTRACT_VERSION)
-_TURN_COMPLETED_PREFIX = b'{"kind":"%s","version":%d,' % (
-    r.TURN_COMPLETED.encode(), r.CONTRACT_VERSION)
-_TURN_STARTED_PREFIX = b'{"kind":"%s","version":%d,"turn_sequence":' % (
-    r.TURN_STARTED.encode(), r.CONTRACT_VERSION)
+def _prefixes(kind: str, then: bytes) -> tuple[bytes, ...]:
+    """A kind's byte prefix in every supported version (one digit each: the same length)."""
+    return tuple(b'{"kind":"%s","version":%d,%s' % (kind.encode(), version, then)
+                 for version in sorted(r.SUPPORTED_VERSIONS))
+
+
+_FINISHED_PREFIX = _prefixes(r.FINISHED, b'"execution_id":"')
+_STARTED_PREFIX = _prefixes(r.STARTED, b'"execution_id":"')
+_TURN_COMPLETED_PREFIX = _prefixes(r.TURN_COMPLETED, b"")
+_TURN_STARTED_PREFIX = _prefixes(r.TURN_STARTED, b'"turn_sequence":')
 _TIME_FIELD = b',"at":'
 _ID_LEN = 32
-_FIN_ID = len(_FINISHED_PREFIX)
+_FIN_ID = len(_FINISHED_PREFIX[0])
 _FIN_ID_END = _FIN_ID + _ID_LEN
 _FIN_BLOCKED = b',"outcome":"blocked"'
 _FIN_OUTCOME_WINDOW = 64  # the id's closing quote, its time, then the outcome
-_START_ID = len(_STARTED_PREFIX)
+_START_ID = len(_STARTED_PREFIX[0])
 _START_ID_END = _START_ID + _ID_LEN
 # Where an intent names its turn: after its id, its time (at most 30 bytes of a JSON number
 # walj writes) and the field name, so well inside this window.
 _START_TURN_WINDOW = 96
-_TURN_NO = len(_TURN_STARTED_PREFIX)
+_TURN_NO = len(_TURN_STARTED_PREFIX[0])
 _QUOTE = ord('"')
 _JSON_NUMBER = re.compile(rb"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 

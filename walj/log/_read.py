@@ -64,15 +64,22 @@ def read(
                    report_holes=True)
     decode, decode_error = _codec.raw_decoder()
     salvage = recovery == "salvage"
-    for seq, data in scan:
-        try:
-            value = decode(data)
-        except (decode_error, RecursionError) as exc:  # checksummed, yet written by no walj
-            if salvage:
-                continue
-            raise CorruptionError(f"record {seq} of {directory} cannot be decoded: {exc}",
-                                  seq=seq, kind="bad_line") from exc
-        yield Record(seq, value)
+    lines = iter(scan)
+    try:
+        for seq, data in lines:
+            try:
+                value = decode(data)
+            except (decode_error, RecursionError) as exc:  # checksummed, yet by no walj
+                if salvage:
+                    continue
+                raise CorruptionError(f"record {seq} of {directory} cannot be decoded: {exc}",
+                                      seq=seq, kind="bad_line") from exc
+            yield Record(seq, value)
+    finally:
+        # A reader that stops early closes this generator: the scan's files are closed here,
+        # where an interrupt propagates, not when the garbage collector frees it, which
+        # would swallow one.
+        lines.close()
 
 
 def verify(path: str | os.PathLike[str], *, _fs: FileSystem = DEFAULT_FS) -> VerifyReport:

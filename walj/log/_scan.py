@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from functools import partial
 
@@ -152,7 +152,7 @@ class LogScan:
             )
         raise corruption(problem)
 
-    def __iter__(self) -> Iterator[tuple[int, bytes]]:
+    def __iter__(self) -> Generator[tuple[int, bytes], None, None]:
         listed, refused = list_segments(self.fs, self.directory)
         for problem in refused:
             self._report(problem)
