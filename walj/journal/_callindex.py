@@ -3,7 +3,7 @@ Standard library only (the forensic tool rebuilds it too)."""
 
 from __future__ import annotations
 
-import hashlib
+import re
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, Literal, NamedTuple
@@ -11,16 +11,20 @@ from typing import Any, Literal, NamedTuple
 DEFAULT_REPLAY_WINDOW = 10_000
 # The filter of call ids that fell out of the window: 2**23 bits (1 MiB, allocated at the
 # first eviction) and 4 probes. After a million evictions about 2% of new call ids are
-# mistaken for forgotten ones and refused; after 100,000, fewer than 1 in 100,000.
+# mistaken for forgotten ones and refused; after 100,000, about 1 in 200,000. The probes come
+# from the str's own hash (cached on it, so cheap): the filter lives only in memory and is
+# rebuilt by every open, so it need not be the same in another process.
 _FILTER_BITS = 2**23
+_FILTER_MASK = _FILTER_BITS - 1
 _PROBES = 4
 
-# How an intent's bytes name its call (the journal writes these fields in this order, and a
-# JSON string cannot hold `,"` unescaped, so the first match is the field itself).
-_CALL_ID = b',"call_id":"'
-_GENERATED = b',"call_id_generated":true'
-_SHA = b',"arguments_sha256":"'
-_SHA_LEN = 64
+# How an intent's bytes name its call: the journal writes these fields in this order, and a
+# JSON string cannot hold `,"` unescaped, so the first match is the fields themselves. A call
+# id with an escape in it (a quote, a backslash, a control character) does not match; the
+# intent is then decoded.
+_AFTER_ID = 60  # the kind, the version and the execution id come first
+_CALL_FIELDS = re.compile(rb',"call_id":"([^"\\]*)"(,"call_id_generated":true)?'
+                          rb',"arguments_sha256":"([0-9a-f]{64})"')
 
 
 class SettledCall(NamedTuple):
@@ -48,28 +52,16 @@ def call_key(record: Mapping[str, Any]) -> tuple[str, str] | None:
 def raw_call_key(data: bytes) -> tuple[str, str] | None | Literal[False]:
     """As call_key, from an intent's JSON bytes as the journal writes them; False when they
     are not in that form (the caller then decodes them)."""
-    start = data.find(_CALL_ID)
-    if start < 0:
+    found = _CALL_FIELDS.search(data, _AFTER_ID)
+    if found is None:
         return False
-    start += len(_CALL_ID)
-    end = data.find(b'"', start)
-    text = data[start:end]
-    if end < 0 or b"\\" in text:
-        return False
-    if data.startswith(_GENERATED, end + 1):
+    call_id, generated, sha = found.groups()
+    if generated is not None or not call_id:
         return None
-    sha_at = end + 1
-    if not data.startswith(_SHA, sha_at):
-        return False
-    sha_at += len(_SHA)
-    sha = data[sha_at:sha_at + _SHA_LEN]
-    if len(sha) != _SHA_LEN or data[sha_at + _SHA_LEN:sha_at + _SHA_LEN + 1] != b'"':
-        return False
     try:
-        call_id = text.decode("utf-8")
+        return call_id.decode("utf-8"), sha.decode("latin-1")
     except UnicodeDecodeError:
         return False
-    return (call_id, sha.decode("latin-1")) if call_id else None
 
 
 class CallIndex:
@@ -85,9 +77,8 @@ class CallIndex:
 
     def settle(self, call_id: str, arguments_sha256: str, seq: int) -> None:
         settled = self.settled
-        if call_id in settled:
-            del settled[call_id]
-        settled[call_id] = SettledCall(arguments_sha256, seq)
+        settled.pop(call_id, None)  # to the end: the newest
+        settled[call_id] = (arguments_sha256, seq)  # type: ignore[assignment] # a SettledCall
         if len(settled) > self.window:
             self._forget(settled.popitem(last=False)[0])
 
@@ -98,20 +89,31 @@ class CallIndex:
     def find(self, call_id: str) -> SettledCall | Forgotten | None:
         found = self.settled.get(call_id)
         if found is not None:
-            return found
+            return SettledCall(*found)
         if self._filter is not None and all(
                 self._filter[bit >> 3] & (1 << (bit & 7)) for bit in _bits(call_id)):
             return Forgotten(self.window)
         return None
 
     def _forget(self, call_id: str) -> None:
-        if self._filter is None:
-            self._filter = bytearray(_FILTER_BITS // 8)
-        for bit in _bits(call_id):
-            self._filter[bit >> 3] |= 1 << (bit & 7)
+        bits = self._filter
+        if bits is None:
+            bits = self._filter = bytearray(_FILTER_BITS // 8)
+        # _bits, unrolled (the same probes): this runs for every settled call past the
+        # window, on every open.
+        value = hash(call_id) & 0xFFFF_FFFF_FFFF_FFFF
+        bit, step = value & _FILTER_MASK, (value >> 32) | 1
+        bits[bit >> 3] |= 1 << (bit & 7)
+        bit = (bit + step) & _FILTER_MASK
+        bits[bit >> 3] |= 1 << (bit & 7)
+        bit = (bit + step) & _FILTER_MASK
+        bits[bit >> 3] |= 1 << (bit & 7)
+        bit = (bit + step) & _FILTER_MASK
+        bits[bit >> 3] |= 1 << (bit & 7)
 
 
 def _bits(call_id: str) -> list[int]:
-    digest = hashlib.blake2b(call_id.encode("utf-8", "surrogatepass"), digest_size=16).digest()
-    return [int.from_bytes(digest[i * 4:i * 4 + 4], "little") % _FILTER_BITS
-            for i in range(_PROBES)]
+    """The filter's probes for a call id: double hashing over the 64-bit str hash."""
+    value = hash(call_id) & 0xFFFF_FFFF_FFFF_FFFF
+    first, step = value & _FILTER_MASK, (value >> 32) | 1
+    return [(first + i * step) & _FILTER_MASK for i in range(_PROBES)]

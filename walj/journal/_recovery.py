@@ -161,9 +161,16 @@ class RecoveryState:
                 if execution is not None:
                     if execution.open_turn is not None:
                         execution.open_turn.unfinished -= 1
-                    ran = data.find(_FIN_BLOCKED, _FIN_ID_END,
-                                    _FIN_ID_END + _FIN_OUTCOME_WINDOW) < 0
-                    self._index(execution, seq, ran)
+                    raw = execution._raw  # _index, inlined: this is the rebuild's hot path
+                    key = raw_call_key(raw) if raw is not None else False
+                    if key is False:
+                        key = call_key(execution.record)
+                    if key is not None:
+                        if data.find(_FIN_BLOCKED, _FIN_ID_END,
+                                     _FIN_ID_END + _FIN_OUTCOME_WINDOW) < 0:
+                            self.calls.settle(key[0], key[1], seq)
+                        else:  # a guard's ToolBlocked: the call never ran
+                            self.calls.unsettle(key[0])
                 return
         elif data.startswith(_STARTED_PREFIX):
             # The journal dispatches only in its one live turn, the latest started: check for
