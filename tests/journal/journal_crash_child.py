@@ -1,6 +1,6 @@
 """Test helper run as a child process: one real journal turn that parks at a named point.
 
-Usage: python journal_crash_child.py JOURNAL EFFECTS POINT
+Usage: python journal_crash_child.py JOURNAL EFFECTS POINT [store_outputs]
 
 At POINT it prints "AT POINT" and sleeps, so the parent's SIGKILL lands exactly there. Points:
 before_intent, after_intent, in_handler, after_finished, after_turn_completed. The handler's
@@ -24,6 +24,7 @@ def park(point: str, here: str) -> None:
 
 def main() -> None:
     path, effects, point = sys.argv[1:4]
+    store_outputs = sys.argv[4:] == ["store_outputs"]
     import walj
     from walj.journal._core import Core
 
@@ -48,7 +49,7 @@ def main() -> None:
         park(point, "in_handler")
         return "sent"
 
-    journal = walj.ToolJournal.open(path, tools={"send": send})
+    journal = walj.ToolJournal.open(path, tools={"send": send}, store_outputs=store_outputs)
     with journal.turn() as turn:
         turn.dispatch("send", {"to": "ann@example.com"}, call_id="c1")
         park(point, "after_finished")

@@ -20,9 +20,10 @@ CHILD = Path(__file__).resolve().parent / "journal_crash_child.py"
 HANG_GUARD = 60.0  # seconds; only stops a broken child from hanging the run
 
 
-def run_and_kill(path: Path, effects: Path, point: str) -> None:
+def run_and_kill(path: Path, effects: Path, point: str, *extra: str) -> None:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    child = subprocess.Popen([sys.executable, str(CHILD), str(path), str(effects), point],
+    child = subprocess.Popen([sys.executable, str(CHILD), str(path), str(effects), point,
+                              *extra],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              cwd=ROOT, env=env)
     assert child.stdout is not None
@@ -89,3 +90,27 @@ def test_sigkill_matrix(tmp_path: Path, point: str, expected: list[str]) -> None
     kinds = [r["kind"] for r in records(path)]
     if expected:
         assert kinds[-3:] == [rc.TURN_STARTED, rc.BLOCKED, rc.TURN_COMPLETED]
+
+
+@pytest.mark.parametrize("point", ["after_turn_completed", "in_handler"])
+def test_a_call_is_replayed_or_blocked_after_a_sigkill(tmp_path: Path, point: str) -> None:
+    """Killed once its outcome was durable, the call is answered from its record; killed in
+    its handler, it is its own blocker until resolved, and then answered from the resolution.
+    Its handler never runs a second time."""
+    path, effects = tmp_path / "journal", tmp_path / "effects.txt"
+    run_and_kill(path, effects, point, "store_outputs")
+    handler = Recorder()
+    with walj.ToolJournal.open(path, tools={"send": handler}) as journal:
+        with journal.turn() as turn:
+            first = turn.dispatch("send", {"to": "ann@example.com"}, call_id="c1")
+        if point == "in_handler":
+            assert first.outcome == "blocked" and not first.replayed
+            journal.resolve(journal.recovery.blockers[0].execution_id or "", "succeeded",
+                            actor="ann", note="in the sent folder")
+            with journal.turn() as turn:
+                first = turn.dispatch("send", {"to": "ann@example.com"}, call_id="c1")
+            assert first.output["status"] == "already_done"
+        else:
+            assert first.output == "sent"
+    assert first.replayed and first.outcome == "ok"
+    assert handler.calls == [] and len(effect_lines(effects)) == 1

@@ -349,3 +349,57 @@ def test_the_cli_shows_replayed_and_refused_calls(tmp_path: Path,
     assert "replayed ok from record" in capsys.readouterr().out
     assert main(["inspect", str(path), refused.execution_id]) == 0
     assert "call id already settled: arguments_differ" in capsys.readouterr().out
+
+
+def test_async_replay_after_a_reopen_answers_a_resolution_in_the_same_session(
+        tmp_path: Path) -> None:
+    path = tmp_path / "j"
+    ran: list[dict[str, Any]] = []
+
+    async def send(**arguments: Any) -> str:
+        ran.append(arguments)
+        if len(ran) == 1:
+            raise walj.ToolOutcomeUnknown("connection lost after the request went out")
+        return "sent"
+
+    async def first() -> None:
+        with _open(path, {"send": send}) as journal:
+            async with journal.turn() as turn:
+                with pytest.raises(walj.ToolOutcomeUnknown):
+                    await turn.adispatch("send", {"to": "ann"}, call_id="c1")
+            blocked = await _adispatch(journal, {"to": "ann"}, "c1")
+            assert blocked.outcome == "blocked" and not blocked.replayed
+            journal.resolve(journal.recovery.blockers[0].execution_id or "", "succeeded",
+                            actor="ann", output={"id": 7})
+            same_session = await _adispatch(journal, {"to": "ann"}, "c1")
+            assert (same_session.outcome, same_session.output) == ("ok", {"id": 7})
+
+    async def second() -> tuple[walj.ToolResult, walj.ToolResult]:
+        with _open(path, {"send": send}) as journal:
+            again = await _adispatch(journal, {"to": "ann"}, "c1")
+            refused = await _adispatch(journal, {"to": "bob"}, "c1")
+            return again, refused
+
+    asyncio.run(first())
+    again, refused = asyncio.run(second())
+    assert (again.outcome, again.output, again.replayed) == ("ok", {"id": 7}, True)
+    assert refused.outcome == "refused"
+    assert len(ran) == 1
+
+
+async def _adispatch(journal: walj.ToolJournal, arguments: dict[str, Any],
+                     call_id: str) -> walj.ToolResult:
+    async with journal.turn() as turn:
+        return await turn.adispatch("send", arguments, call_id=call_id)
+
+
+def test_handle_function_calls_returns_a_refusal_as_the_call_error(tmp_path: Path) -> None:
+    handler = Recorder("sent")
+    with _open(tmp_path / "j", {"send": handler}) as journal:
+        journal.handle_function_calls([{"name": "send", "arguments": {"to": "ann"},
+                                        "call_id": "fc_1"}])
+        [refused] = journal.handle_function_calls([{"name": "send", "arguments": {"to": "bob"},
+                                                    "call_id": "fc_1"}])
+    assert refused["error"] is not None and "different arguments" in refused["error"]
+    assert refused["output"]["status"] == "refused_settled_call"
+    assert len(handler.calls) == 1
