@@ -264,5 +264,5 @@ def test_recovery_and_fingerprint_need_only_the_standard_library(tmp_path: Path)
     assert lines[1] == str(sorted([
         "walj", "walj.journal", "walj.journal._recovery", "walj.journal._records",
         "walj.journal._damage", "walj.journal._decode", "walj.journal._fingerprint",
-        "walj.journal._callindex",
+        "walj.journal._callindex", "walj.journal._openwork",
         "walj._codec", "walj.errors"]))

@@ -14,6 +14,7 @@ from ._callindex import DEFAULT_REPLAY_WINDOW, CallIndex, call_key, raw_call_key
 from ._damage import CutLedger
 from ._decode import decode_record as decode_record
 from ._decode import show, time_of, turn_number
+from ._openwork import OpenExecution, OpenTurn
 from ._records import Blocker as Blocker
 from ._records import IncompleteTurn as IncompleteTurn
 from ._records import PendingLLMCall as PendingLLMCall
@@ -48,59 +49,6 @@ _START_TURN_WINDOW = 96
 _TURN_NO = len(_TURN_STARTED_PREFIX[0])
 _QUOTE = ord('"')
 _JSON_NUMBER = re.compile(rb"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
-
-
-class OpenExecution:
-    """A started execution with no terminal record and no resolution. The started record may be
-    kept as its JSON bytes and decoded only when someone looks: most executions finish first."""
-
-    __slots__ = ("_raw", "_record", "seq", "turn", "open_turn", "state", "error_type",
-                 "reconcile_error")
-
-    def __init__(self, record: Mapping[str, Any] | bytes, seq: int, turn: int | None,
-                 open_turn: OpenTurn | None = None) -> None:
-        self._raw: bytes | None = record if isinstance(record, bytes) else None
-        self._record: Mapping[str, Any] | None = None if isinstance(record, bytes) else record
-        self.seq = seq
-        self.turn = turn
-        self.open_turn = open_turn  # its turn while that is open, to count it there
-        self.state = r.STATE_STARTED
-        self.error_type: str | None = None
-        self.reconcile_error: str | None = None
-
-    @property
-    def record(self) -> Mapping[str, Any]:
-        if self._record is None:
-            assert self._raw is not None
-            try:
-                record = decode_record(self._raw)
-            except ValueError as exc:
-                raise CorruptionError(f"journal record {self.seq} is not JSON: {exc}",
-                                      seq=self.seq, kind="journal_record") from None
-            if not isinstance(record, dict):
-                raise CorruptionError(f"journal record {self.seq} is not a JSON object",
-                                      seq=self.seq, kind="journal_record")
-            self._record, self._raw = record, None
-        return self._record
-
-
-class OpenTurn:
-    __slots__ = ("sequence", "seq", "started_at", "started", "unfinished", "resolved", "tag")
-
-    def __init__(self, sequence: int, seq: int, started_at: float | None) -> None:
-        self.sequence = sequence
-        self.tag = b',"turn_sequence":%d,' % sequence  # how its executions' started records name it
-        self.seq = seq
-        self.started_at = started_at
-        self.started = 0  # executions started in it
-        self.unfinished = 0  # of those, how many never got tool_execution_finished
-        self.resolved = False
-
-    @property
-    def interrupted(self) -> bool:
-        """Tool-bearing, every execution finished, yet no turn_completed. A turn with an
-        unfinished execution is settled through that execution's blocker instead."""
-        return self.started > 0 and self.unfinished == 0 and not self.resolved
 
 
 def _time(record: Mapping[str, Any]) -> float | None:
