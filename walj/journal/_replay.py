@@ -21,6 +21,13 @@ _NOT_STORED_WHY = {
 }
 
 
+def may_answer(core: Core, call_id: str) -> bool:
+    """Quick, without the write lock (an event loop may ask): whether `answer` may find the
+    call id settled. False is final for this dispatch; `answer` decides the rest."""
+    with core.lock:
+        return core.state.calls.find(call_id) is not None
+
+
 def answer(core: Core, context: ToolContext, arguments: dict[str, Any]) -> ToolResult | None:
     """The replayed or refused result of a dispatch whose caller-given call id this journal
     has settled, with its durable record written; None when the call id is not settled (the

@@ -233,7 +233,8 @@ class Turn(TurnSlot):
         try:
             if seen is not None:
                 seen.start()
-            if not prep.call_id_generated:  # before the blocked check: answering runs nothing
+            # Before the blocked check: answering from the record runs nothing.
+            if not prep.call_id_generated and _replay.may_answer(core, prep.call_id):
                 replayed = _replay.answer(core, prep.context, prep.arguments)
                 if replayed is not None:
                     return self._answered(replayed, seen)
@@ -287,7 +288,9 @@ class Turn(TurnSlot):
         try:
             if seen is not None:
                 seen.start()
-            if not prep.call_id_generated:  # before the blocked check: answering runs nothing
+            # Before the blocked check: answering from the record runs nothing. A call id
+            # never settled (the common case) costs no trip to a worker thread.
+            if not prep.call_id_generated and _replay.may_answer(core, prep.call_id):
                 replayed: ToolResult | None = await in_worker(_replay.answer, core,
                                                               prep.context, prep.arguments)
                 if replayed is not None:
