@@ -375,11 +375,26 @@ async def _cancelled_together(journal: walj.ToolJournal, names: list[str]) -> No
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+def span_observers() -> list[Any]:
+    """walj's OpenTelemetry observer on an SDK provider that keeps its spans in memory: so an
+    interrupt lands on every line of the hook and of the observer too."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from walj.integrations.otel import SpanObserver
+
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
+    return [SpanObserver(provider)]
+
+
 class JournalScenario(Scenario):
     family = "journal"
     BASES = {"open_settle": "many", "resolve": "blocked", "dispatch_refused": "blocked",
              "dispatch_replayed": "settled", "dispatch_replay_refused": "settled",
              "adispatch_replayed": "settled"}
+    BASES.update({f"{op}_observed": base for op, base in list(BASES.items())})
 
     def __init__(self, mode: str, op: str) -> None:
         super().__init__(mode)
@@ -398,7 +413,9 @@ class JournalScenario(Scenario):
         tools = OPEN_TOOLS if self.op == "open_settle" else TOOLS
         holder: list[walj.ToolJournal | None] = [None]
         if self.op != "open_settle":
-            holder[0] = walj.ToolJournal.open(jdir, tools=tools, **options(self.mode))
+            watching = span_observers() if self.op.endswith("_observed") else []
+            holder[0] = walj.ToolJournal.open(jdir, tools=tools, observers=watching,
+                                              **options(self.mode))
         rep.stage = f"the interrupted {self.op}"
         try:
             if self.is_async:
@@ -428,7 +445,7 @@ class JournalScenario(Scenario):
 
     def operate(self, holder: list[walj.ToolJournal | None], jdir: Path, inj: Injection,
                 acks: JournalAcks, tools: dict[str, Any]) -> None:
-        op = self.op
+        op = self.op.removesuffix("_observed")
         if op == "open_settle":
             holder[0] = inj.call(lambda: walj.ToolJournal.open(jdir, tools=tools,
                                                                **options(self.mode)))
@@ -474,7 +491,7 @@ class JournalScenario(Scenario):
 
     async def aoperate(self, journal: walj.ToolJournal, inj: Injection,
                        acks: JournalAcks) -> None:
-        op = self.op
+        op = self.op.removesuffix("_observed")
         if op == "aturn_enter":
             turn = journal.turn()
             await inj.acall(turn.__aenter__)
@@ -532,6 +549,23 @@ def test_interrupt_journal_async(tmp_path: Path, op: str, mode: str) -> None:
     group = (f"adispatch:{mode}" if op.startswith("adispatch") and op != "adispatch_replayed"
              else None)
     run_scenario(JournalScenario(mode, op), tmp_path, group)
+
+
+OBSERVED_OPS = ("dispatch_ok_observed", "dispatch_error_observed",
+                "dispatch_refused_observed", "resolve_observed", "adispatch_ok_observed",
+                "adispatch_error_observed", "adispatch_replayed_observed",
+                "dispatch_replayed_observed", "dispatch_replay_refused_observed")
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize("op", OBSERVED_OPS)
+def test_interrupt_journal_observed(tmp_path: Path, op: str) -> None:
+    """With the OpenTelemetry observer: the hook's lines and the observer's are interrupted
+    too, and every invariant holds as without it; the replay answers (which run inside the
+    dispatch's interrupt handling with the hook) included. One sync mode: the hook does no
+    I/O."""
+    pytest.importorskip("opentelemetry.sdk")
+    run_scenario(JournalScenario("always", op), tmp_path)
 
 
 # --- the black box: real SIGINTs to a child process ---------------------------------------------

@@ -21,15 +21,17 @@ holds open), _callindex (the bounded index of settled call ids), _recovery (the 
 _tools (tools, contexts, results), _core (the locked writer and the live-state table: the one
 object Turn, LLMCall and resolution talk to), _aio (blocking steps from asyncio), _replay
 (answering a settled call id from its record), _turn (turns and dispatch), _llm (LLM-call
-brackets), _resolve (resolutions and policies), _sessions (session ids to directory names),
-_journal (ToolJournal).
+brackets), _resolve (resolutions and policies), _observe (the observer hook: tracing and
+metrics), _sessions (session ids to directory names), _journal (ToolJournal).
 """
 
 from __future__ import annotations
 
 from ._journal import ToolJournal, handle_function_calls
+from ._observe import ExecutionEnd, ToolObserver
 from ._records import Blocker, Cut, IncompleteTurn, PendingLLMCall, Recovery, Resolution
 from ._tools import Tool, ToolContext, ToolResult
 
-__all__ = ["Blocker", "Cut", "IncompleteTurn", "PendingLLMCall", "Recovery", "Resolution",
-           "Tool", "ToolContext", "ToolJournal", "ToolResult", "handle_function_calls"]
+__all__ = ["Blocker", "Cut", "ExecutionEnd", "IncompleteTurn", "PendingLLMCall", "Recovery",
+           "Resolution", "Tool", "ToolContext", "ToolJournal", "ToolObserver", "ToolResult",
+           "handle_function_calls"]

@@ -21,6 +21,7 @@ from ..log import Log, Record, read
 from . import _damage, _writes
 from . import _records as rc
 from ._fingerprint import Redactor
+from ._observe import ToolObserver
 from ._recovery import Recovery, RecoveryState
 from ._tools import Tool
 
@@ -78,6 +79,8 @@ class Core:
         # that gives up first takes its reservation back, and the begin then writes nothing.
         self._reserved: set[str] = set()
         self.unknown_state: BaseException | None = None  # the state could not be rebuilt
+        # Replaced whole, never changed in place, so a dispatch keeps the tuple it started with.
+        self.observers: tuple[ToolObserver, ...] = ()
         self.closed = False
 
     # --- reading the state ----------------------------------------------------------------------

@@ -25,6 +25,7 @@ from ._fingerprint import (
     describe_error,
 )
 from ._llm import LLMCall
+from ._observe import ToolObserver, check_observers
 from ._recovery import Recovery, RecoveryState, Resolution
 from ._sessions import check_session_id, directory_name
 from ._tools import Tool, error_result, invoke, lookup, normalise_calls, tools_from
@@ -69,6 +70,7 @@ class ToolJournal:
         store_outputs: bool = False,
         max_stored_output_bytes: int = DEFAULT_MAX_STORED_OUTPUT_BYTES,
         replay_window: int = DEFAULT_REPLAY_WINDOW,
+        observers: Iterable[ToolObserver] = (),
         **log_options: Any,
     ) -> ToolJournal:
         """Open (creating if needed) the journal in directory `path` and rebuild its recovery
@@ -78,8 +80,11 @@ class ToolJournal:
         `store_outputs`: an ok call's terminal record also stores its output value (JSON of at
         most `max_stored_output_bytes`, and always small enough for the log's record limit),
         so a re-dispatch of its call id can be answered from it (docs/RECOVERY.md, "Replay").
-        `replay_window`: how many settled caller-given call ids the journal indexes."""
+        `replay_window`: how many settled caller-given call ids the journal indexes.
+        `observers` (walj.journal.ToolObserver) are told of every execution and resolution from
+        then on, those settlements included (docs/RECOVERY.md, "Observers")."""
         registry = tools_from(tools)
+        watching = check_observers(observers)
         for name, value in (("preview_chars", preview_chars),
                             ("output_preview_chars", output_preview_chars),
                             ("max_stored_output_bytes", max_stored_output_bytes),
@@ -113,6 +118,7 @@ class ToolJournal:
                 stored_output_limit=stored_output_limit,
                 read_options={"_fs": log_options["_fs"]} if log_options.get("_fs") else None,
             )
+            core.observers = watching
             if log_options.get("recovery") != "salvage":
                 core.record_cuts()
                 _resolve.settle_automatically(core)
@@ -238,6 +244,31 @@ class ToolJournal:
     def _live_turn(self) -> Turn | None:
         live = self._core.live_turn
         return live if isinstance(live, Turn) else None
+
+    # --- observers ------------------------------------------------------------------------------
+
+    @property
+    def observers(self) -> tuple[ToolObserver, ...]:
+        return self._core.observers
+
+    def add_observer(self, observer: ToolObserver) -> None:
+        """Tell `observer` of every execution that starts and every resolution from now on.
+        TypeError if it lacks a hook; ValueError if it was added already."""
+        (checked,) = check_observers((observer,))
+        core = self._core
+        with core.lock:  # a new tuple: a dispatch under way keeps the one it started with
+            if any(o is checked for o in core.observers):
+                raise ValueError(f"observer {type(checked).__name__} was already added")
+            core.observers = (*core.observers, checked)
+
+    def remove_observer(self, observer: ToolObserver) -> None:
+        """Stop telling `observer`; a dispatch under way still ends with it. ValueError if it
+        was not added."""
+        core = self._core
+        with core.lock:
+            if not any(o is observer for o in core.observers):
+                raise ValueError(f"observer {type(observer).__name__} was not added")
+            core.observers = tuple(o for o in core.observers if o is not observer)
 
     def llm_call(self, *, model: str | None = None, request: Any = None) -> LLMCall:
         """`with journal.llm_call(model=..., request=...) as call:` then `call.finish(response)`.

@@ -12,6 +12,7 @@ from . import _records as rc
 from . import _writes
 from ._core import Core
 from ._damage import REVIEWED
+from ._observe import resolved as observed
 from ._records import Resolution
 
 RESOLVE_OUTCOMES = ("succeeded", "failed", "not_performed")
@@ -96,7 +97,8 @@ def settle(core: Core, execution_id: Any, outcome: str, *, note: str | None,
             raise _not_open(core, execution_id)
         record = _writes.resolved(rc.RESOLVED if is_tool else rc.LLM_RESOLVED, execution_id,
                                   outcome, actor, note, output)
-        return _resolution(core, core.write(record, durable=True))
+        resolution = _resolution(core, core.write(record, durable=True))
+    return observed(core.observers, resolution) if core.observers else resolution
 
 
 def _resolve_cut(core: Core, quarantine_file: Any, outcome: Any, *, note: Any,
@@ -124,7 +126,8 @@ def _resolve_cut(core: Core, quarantine_file: Any, outcome: Any, *, note: Any,
                                       "it, or it was resolved)", reason="already_resolved")
             raise ResolutionError(f"unknown blocker id {quarantine_file!r}", reason="unknown")
         record = _writes.resolved(rc.LOG_CUT_RESOLVED, quarantine_file, REVIEWED, actor, note)
-        return _resolution(core, core.write(record, durable=True))
+        resolution = _resolution(core, core.write(record, durable=True))
+    return observed(core.observers, resolution) if core.observers else resolution
 
 
 def _resolution(core: Core, seq: int) -> Resolution:
@@ -177,7 +180,8 @@ def resolve_turn(core: Core, turn_sequence: Any, *, note: Any,
             raise ResolutionError(f"turn {turn_sequence} was already resolved",
                                   reason="already_resolved")
         seq = core.write(_writes.turn_resolved(turn_sequence, actor, note), durable=True)
-        return _resolution(core, seq)
+        resolution = _resolution(core, seq)
+    return observed(core.observers, resolution) if core.observers else resolution
 
 
 def settle_automatically(core: Core) -> None:

@@ -23,6 +23,7 @@ from ._fingerprint import (
     idempotency_key,
 )
 from ._llm import LLMCall
+from ._observe import Observation
 from ._tools import Tool, ToolContext, ToolResult, as_tool, invoke, outcome_of
 
 BLOCKED_STATUS = "blocked_interrupted_execution"
@@ -181,8 +182,10 @@ class Turn(TurnSlot):
                             prep.execution_id)
         return record, result
 
-    def _blocked(self, prep: _Prepared, blockers: tuple[Any, ...]) -> ToolResult:
-        """No handler ran: tell the caller what blocks (the blocked record is written)."""
+    def _blocked(self, prep: _Prepared, blockers: tuple[Any, ...],
+                 seen: Observation | None) -> ToolResult:
+        """No handler ran: tell the caller (and the observers) what blocks (the blocked record
+        is written)."""
         listed = [
             {"execution_id": b.execution_id, "tool": b.tool, "call_id": b.call_id,
              "state": b.state, "turn_sequence": b.turn_sequence}
@@ -194,8 +197,18 @@ class Turn(TurnSlot):
             "them (journal.resolve / journal.resolve_turn) or answer without tools."
         )
         output = {"status": BLOCKED_STATUS, "message": message, "ambiguous_executions": listed}
-        return ToolResult(prep.name, prep.call_id, prep.arguments, output, message, "blocked",
-                          prep.execution_id)
+        result = ToolResult(prep.name, prep.call_id, prep.arguments, output, message, "blocked",
+                            prep.execution_id)
+        if seen is not None:
+            seen.end(result, None)
+        return result
+
+    @staticmethod
+    def _answered(replayed: ToolResult, seen: Observation | None) -> ToolResult:
+        """A replayed or refused result (its record is durable), told to the observers."""
+        if seen is not None:
+            seen.end(replayed, None)
+        return replayed
 
     # --- sync dispatch --------------------------------------------------------------------------
 
@@ -210,16 +223,24 @@ class Turn(TurnSlot):
         core = self._core
         if inspect.iscoroutinefunction(prep.tool.handler):
             raise TypeError(f"tool {name!r} is async: use `await turn.adispatch(...)`")
-        # Before the blocked check: answering from the record runs nothing.
-        if not prep.call_id_generated and _replay.may_answer(core, prep.call_id):
-            replayed = _replay.answer(core, prep.context, prep.arguments)
-            if replayed is not None:
-                return replayed
         eid = prep.execution_id
+        # Observers are told inside the try below, so an interrupt in one is handled as one at
+        # that point without it would be: on_start before the replay check and the intent,
+        # on_end after the record. (Until the intent lands, that handling finds nothing open.)
+        seen = Observation(core.observers, prep.context) if core.observers else None
+        record: dict[str, Any] | None = None
+        failure: Exception | None = None
         try:
+            if seen is not None:
+                seen.start()
+            # Before the blocked check: answering from the record runs nothing.
+            if not prep.call_id_generated and _replay.may_answer(core, prep.call_id):
+                replayed = _replay.answer(core, prep.context, prep.arguments)
+                if replayed is not None:
+                    return self._answered(replayed, seen)
             blockers = core.begin(prep.started, eid)
             if blockers is not None:
-                return self._blocked(prep, blockers)
+                return self._blocked(prep, blockers, seen)
             try:
                 if prep.tool.guard is not None:
                     prep.tool.guard(prep.context)
@@ -231,16 +252,21 @@ class Turn(TurnSlot):
             except ToolOutcomeUnknown:
                 raise  # ambiguous, as an interrupt is: recorded and blocking below
             except Exception as exc:
+                failure = exc
                 record, result = self._finish(prep, outcome_of(exc), None, exc)
             else:
                 record, result = self._finish(prep, "ok", output, None)
             core.end(eid, record)
+            if seen is not None:
+                seen.end(result, failure)
             return result
         except BaseException as exc:
             # Anything between the intent and a durable terminal record (an interrupt, or an
             # error recording the outcome) leaves the execution ambiguous: it blocks from now
             # on, here exactly as after a restart.
             core.interrupted(eid, exc)
+            if seen is not None:
+                seen.abort(record, eid in core.state.executions, exc)
             raise
 
     # --- async dispatch -------------------------------------------------------------------------
@@ -253,23 +279,27 @@ class Turn(TurnSlot):
         prep = self._prepare(name, arguments, call_id, handler)
         core = self._core
         loop = asyncio.get_running_loop()
-        # Before the blocked check: answering from the record runs nothing. A call id never
-        # settled (the common case) costs no trip to a worker thread.
-        if not prep.call_id_generated and _replay.may_answer(core, prep.call_id):
-            replayed: ToolResult | None = await in_worker(_replay.answer, core, prep.context,
-                                                          prep.arguments)
-            if replayed is not None:
-                return replayed
         eid = prep.execution_id
         # How far it got, for the one handler below: an interrupt may land on any line, and
         # every line from the intent's submission on is covered by it (no gap between blocks).
         stage, record = "intent", None
+        failure: Exception | None = None
+        seen = Observation(core.observers, prep.context) if core.observers else None
         try:
+            if seen is not None:
+                seen.start()
+            # Before the blocked check: answering from the record runs nothing. A call id
+            # never settled (the common case) costs no trip to a worker thread.
+            if not prep.call_id_generated and _replay.may_answer(core, prep.call_id):
+                replayed: ToolResult | None = await in_worker(_replay.answer, core,
+                                                              prep.context, prep.arguments)
+                if replayed is not None:
+                    return self._answered(replayed, seen)
             core.reserve(eid)
             blockers = await in_worker(functools.partial(core.begin, reserved=True),
                                        prep.started, eid)
             if blockers is not None:
-                return self._blocked(prep, blockers)
+                return self._blocked(prep, blockers, seen)
             stage = "handler"
             try:
                 if prep.tool.guard is not None:
@@ -282,6 +312,7 @@ class Turn(TurnSlot):
             except ToolOutcomeUnknown:
                 raise  # ambiguous, as an interrupt is: recorded and blocking below
             except Exception as exc:
+                failure = exc
                 record, result = self._finish(prep, outcome_of(exc), None, exc)
             else:
                 record, result = self._finish(prep, "ok", output, None)
@@ -289,6 +320,8 @@ class Turn(TurnSlot):
             # The terminal record goes through the queue too when this task is cancelled
             # while it is written: the execution blocks at once, and the record lands first.
             await in_worker(core.end, eid, record)
+            if seen is not None:
+                seen.end(result, failure)
             return result
         except BaseException as exc:
             if stage == "intent":  # the handler was never called
@@ -301,6 +334,8 @@ class Turn(TurnSlot):
                 self._write_settlements_soon(loop)
             else:
                 await self._write_settlements_awaited(loop)
+            if seen is not None:  # the handler never ran at the intent stage, whatever lands
+                seen.abort(record, stage != "intent" and eid in core.state.executions, exc)
             raise
 
     def _write_settlements_soon(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
