@@ -10,6 +10,9 @@ Each oracle line is one os.write, made as soon as the fact is true:
   T <turn>                a turn started
   H <id> <turn>           a handler started (so its intent is durable)
   F <id> <outcome>        dispatch returned (the terminal record is durable)
+  P <id> <outcome>        a repeated call id was answered from the settled execution <id>
+                          (its tool_execution_replayed record is durable; no handler ran)
+  N <id>                  a repeated call id was refused (tool_execution_refused is durable)
   C <turn>                a turn completed
   X <turn>                a turn was left by an exception (not completed)
 """
@@ -94,9 +97,15 @@ def main() -> None:
                         with journal.llm_call(model="m", request={"q": i}) as call:
                             call.finish({"a": i})
                     name = rng.choice(list(tools))
-                    result = turn.dispatch(name, {"x": rng.randrange(100)},
+                    # Call ids repeat across turns, so replay and its refusals run here too.
+                    result = turn.dispatch(name, {"x": rng.randrange(3)},
                                            call_id=f"c{i}" if rng.random() < 0.5 else None)
-                    say(f"F {result.execution_id} {result.outcome}")
+                    if result.replayed:
+                        say(f"P {result.execution_id} {result.outcome}")
+                    elif result.outcome == "refused":
+                        say(f"N {result.execution_id}")
+                    else:
+                        say(f"F {result.execution_id} {result.outcome}")
                 if rng.random() < 0.1:
                     raise LookupError("the turn fails after its tools")
         except LookupError:

@@ -19,6 +19,7 @@ ROUNDS = 3
 TURN_TRIALS = max(4, TRIALS - TRIALS // 2)  # the other half are plain appends
 
 STARTED, FINISHED = "tool_execution_started", "tool_execution_finished"
+REPLAYED, REFUSED = "tool_execution_replayed", "tool_execution_refused"
 RESOLVED, BLOCKED = "tool_execution_resolved", "tool_execution_blocked"
 
 
@@ -30,6 +31,8 @@ class TurnOracle:
     finished: dict[str, str] = field(default_factory=dict)  # execution id -> outcome
     resolved: set[str] = field(default_factory=set)
     blocked: set[str] = field(default_factory=set)
+    replayed: set[str] = field(default_factory=set)  # settled executions that answered again
+    refused: set[str] = field(default_factory=set)  # refused dispatches (never started)
     turns: set[int] = field(default_factory=set)
     completed: set[int] = field(default_factory=set)
     resolved_turns: set[int] = field(default_factory=set)
@@ -47,6 +50,10 @@ class TurnOracle:
                 self.resolved_turns.add(int(rest[0]))
             elif tag == "B":
                 self.blocked.add(rest[0])
+            elif tag == "P":
+                self.replayed.add(rest[0])
+            elif tag == "N":
+                self.refused.add(rest[0])
             elif tag == "T":
                 self.turns.add(int(rest[0]))
             elif tag == "C":
@@ -65,7 +72,7 @@ class TurnOracle:
         closed_turns: set[int] = set()  # completed or resolved, on disk
         turn_of: dict[str, int] = {}  # execution id -> turn, from the intents on disk
         for r in records:
-            if r.data.get("kind") in (STARTED, FINISHED, RESOLVED, BLOCKED):
+            if r.data.get("kind") in (STARTED, FINISHED, RESOLVED, BLOCKED, REPLAYED, REFUSED):
                 on_disk[r.data["kind"]][r.data["execution_id"]] = r.data.get("outcome", "")
                 if r.data["kind"] == STARTED:
                     turn_of[r.data["execution_id"]] = r.data["turn_sequence"]
@@ -96,6 +103,20 @@ class TurnOracle:
             if eid in executions or eid not in on_disk[RESOLVED]:
                 wrong.append(f"{eid} resolved: blocker {eid in executions}, on disk "
                              f"{eid in on_disk[RESOLVED]}")
+        # A repeated call id answered from its settled execution: that execution is settled on
+        # disk, blocks nothing, and the answer itself was made durable before it was given.
+        for eid in self.replayed:
+            facts += 1
+            if (eid in executions or eid not in on_disk[REPLAYED]
+                    or not (eid in on_disk[FINISHED] or eid in on_disk[RESOLVED])):
+                wrong.append(f"{eid} answered a replay: blocker {eid in executions}, replayed "
+                             f"on disk {eid in on_disk[REPLAYED]}")
+        # A refused repeat ran nothing, and its refusal is on disk.
+        for eid in self.refused:
+            facts += 1
+            if eid in self.handler_started or eid in on_disk[STARTED] or eid not in \
+                    on_disk[REFUSED] or (effects / eid).exists():
+                wrong.append(f"{eid} refused, yet it ran or its refusal is not on disk")
         TALLY.add(checked=facts - len(wrong), lost=len(wrong))
         assert not wrong, f"{context}: acknowledged facts the journal contradicts: {wrong}"
         for eid, blocker in executions.items():
