@@ -106,6 +106,7 @@ from .errors import (  # noqa: E402
 from .journal import (  # noqa: E402
     Blocker,
     Cut,
+    ExecutionEnd,
     IncompleteTurn,
     PendingLLMCall,
     Recovery,
@@ -113,6 +114,7 @@ from .journal import (  # noqa: E402
     Tool,
     ToolContext,
     ToolJournal,
+    ToolObserver,
     ToolResult,
     handle_function_calls,
 )
@@ -120,6 +122,7 @@ from .journal import (  # noqa: E402
 __all__ += [
     "Blocker",
     "Cut",
+    "ExecutionEnd",
     "IncompleteTurn",
     "PendingLLMCall",
     "Recovery",
@@ -132,6 +135,7 @@ __all__ += [
     "ToolContext",
     "ToolOutcomeUnknown",
     "ToolJournal",
+    "ToolObserver",
     "ToolResult",
     "TurnError",
     "UnknownToolError",
