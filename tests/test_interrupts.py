@@ -416,6 +416,31 @@ def test_item18_a_journal_dropped_without_close_releases_its_directory(tmp_path:
         assert journal.recovery.records == 8  # both lives: 4 records each
 
 
+def test_a_closed_log_runs_no_code_when_it_is_collected(tmp_path: Path) -> None:
+    """CPython drops a KeyboardInterrupt that a real SIGINT raises inside a finalizer. A
+    finalizer that ran for every log collected (a __del__) made each collection of a closed log
+    such a window; the long torture run caught a Ctrl-C swallowed there. A closed log has no
+    finalizer left: collecting it runs no walj code."""
+    ran: list[str] = []
+
+    def watch(frame: Any, event: str, _arg: Any) -> None:
+        if event == "call" and str(frame.f_globals.get("__name__", "")).startswith("walj"):
+            ran.append(frame.f_code.co_name)
+
+    for sync in ("always", "interval"):
+        log = walj.Log.open(tmp_path / sync, sync=sync)
+        log.append({"n": 1})
+        log.close()
+        gc.collect()
+        sys.setprofile(watch)
+        try:
+            del log
+            gc.collect()
+        finally:
+            sys.setprofile(None)
+        assert ran == [], f"collecting a closed {sync} log ran {ran}"
+
+
 STRACE = shutil.which("strace")
 
 

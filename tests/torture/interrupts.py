@@ -81,11 +81,15 @@ INVARIANTS = {
 }
 
 
+# walj's finalizers: a log's (walj/log/_log.py) and any __del__.
+FINALIZERS = frozenset({"__del__", "_close_abandoned"})
+
+
 def _is_walj(frame: Any) -> bool:
     # A finalizer runs when the collector chooses, not on the operation's path, and CPython
     # swallows (prints) whatever is raised in it: it is no interrupt point of the operation.
     return (bool(frame.f_globals.get("__name__", "").startswith("walj"))
-            and frame.f_code.co_name != "__del__")
+            and frame.f_code.co_name not in FINALIZERS)
 
 
 _names: dict[Point, tuple[str, str]] = {}  # point -> (function, module)
@@ -207,7 +211,7 @@ class Tracer:
     def global_trace(self, frame: Any, event: str, arg: Any) -> Any:
         if self.done or self._finalizing or not _is_walj(frame):
             return None
-        if frame.f_code.co_name == "__del__":
+        if frame.f_code.co_name in FINALIZERS:
             # A finalizer runs wherever the garbage collector happens to start, not on the
             # operation's path: neither it nor what it calls is counted or interrupted.
             self._finalizing += 1

@@ -77,6 +77,8 @@ class Log(Compaction, Rotation):
         self._drop_lock = threading.RLock()  # reentrant: a signal handler may close
         self._first_seq = 1
         self._syncer: threading.Thread | None = None
+        # Set while the log holds its descriptor and lock (see _close_abandoned).
+        self._finalizer: weakref.finalize[[dict[str, Any], str], Log] | None = None
         self.problems: list[Problem] = []
         self.torn_tail: Quarantined | None = None
 
@@ -115,6 +117,9 @@ class Log(Compaction, Rotation):
                     name=f"walj-sync {directory}", daemon=True)
                 log._syncer.start()
             _open_logs.add(log)
+            if not read_only:
+                log._finalizer = weakref.finalize(log, _close_abandoned, log.__dict__,
+                                                  f"<walj.Log {directory!r}>")
             return log
         except OSError as exc:
             log._abandon()
@@ -299,6 +304,9 @@ class Log(Compaction, Rotation):
                 self._close_locked(seal)
                 self._release()
         self._release()  # idempotent
+        finalizer = self._finalizer
+        if finalizer is not None:
+            finalizer.detach()  # released: collecting this log now runs no code at all
         failure, self._close_failure = self._close_failure, None
         if failure is not None:
             raise failure
@@ -349,17 +357,6 @@ class Log(Compaction, Rotation):
         if lock is not None:
             lock.release(unlock=not self._forked)
             self._writer_lock = None
-
-    def __del__(self) -> None:
-        # A log dropped without close() must not hold its directory's lock and a file
-        # descriptor for the life of the process. close() also syncs, as it would have.
-        if getattr(self, "_writer_lock", None) is None and getattr(self, "_fd", -1) < 0:
-            return
-        try:
-            warnings.warn(f"unclosed {self!r}", ResourceWarning, source=self, stacklevel=1)
-            self.close()
-        except Exception:  # noqa: S110 - a finalizer has nobody to report to
-            pass
 
     def __enter__(self) -> Log:
         return self
@@ -413,3 +410,19 @@ class Log(Compaction, Rotation):
     def __repr__(self) -> str:
         state = "closed" if self._closed else ("poisoned" if self.poisoned else "open")
         return f"<walj.Log {self._dir!r} {state} last_seq={self.last_seq} sync={self._mode!r}>"
+
+
+def _close_abandoned(state: dict[str, Any], name: str) -> None:
+    """The finalizer of a log dropped without close(): it must not hold its directory's lock
+    and a descriptor for the life of the process, so it is closed (and synced, as close() would
+    have) through a stand-in that shares its state. A finalizer, not __del__: it exists only
+    while the log holds its descriptor and lock, and close() detaches it, because any code
+    that runs while the collector frees an object (a __del__ runs for every closed log too) is
+    where CPython drops a KeyboardInterrupt a real SIGINT raises ("Exception ignored")."""
+    warnings.warn(f"unclosed {name}", ResourceWarning, stacklevel=1)
+    stand_in = Log.__new__(Log)
+    stand_in.__dict__ = state
+    try:
+        stand_in.close()
+    except Exception:  # noqa: S110 - a finalizer has nobody to report to
+        pass
