@@ -133,6 +133,17 @@ class Log(Compaction, Rotation):
         self._closed = self._unusable = True
         self._stop.set()
         self._release()
+        self._forget_finalizers()
+
+    def _forget_finalizers(self) -> None:
+        """Once released, collecting this log must run no Python code at all: CPython drops a
+        KeyboardInterrupt that a real SIGINT raises in a finalizer or a weak reference's
+        callback. So the finalizer is detached and the log leaves the fork table (a WeakSet,
+        whose entry's callback would run when the log is freed). Idempotent."""
+        finalizer = self._finalizer
+        if finalizer is not None:
+            finalizer.detach()
+        _open_logs.discard(self)
 
     def _recover(self, recovery: str, replay: Replay | None) -> None:
         found = recover(self._fs, self._dir, recovery, replay, writable=not self._read_only)
@@ -304,9 +315,7 @@ class Log(Compaction, Rotation):
                 self._close_locked(seal)
                 self._release()
         self._release()  # idempotent
-        finalizer = self._finalizer
-        if finalizer is not None:
-            finalizer.detach()  # released: collecting this log now runs no code at all
+        self._forget_finalizers()
         failure, self._close_failure = self._close_failure, None
         if failure is not None:
             raise failure
