@@ -197,20 +197,24 @@ def effect_lines(effects: Path) -> list[str]:
     return effects.read_text(encoding="utf-8").splitlines() if effects.exists() else []
 
 
-def check_import_isolation(monkeypatch: Any, sdk: str) -> None:
-    """`import walj` imports neither `walj.integrations.<sdk>` nor the SDK, and importing the
-    integration without the SDK raises an ImportError that names the extra `walj[<sdk>]`."""
+def check_import_isolation(monkeypatch: Any, sdk: str, module: str | None = None,
+                           extra: str | None = None) -> None:
+    """`import walj` imports neither `walj.integrations.<module>` nor the SDK, and importing
+    the integration without the SDK raises an ImportError that names the extra `walj[<extra>]`.
+    `module` and `extra` default to the SDK's name."""
     import importlib
+    import re
 
     import pytest
 
+    module, extra = module or sdk, extra or sdk
     script = ("import sys, walj\n"
               f"print(sorted(m for m in sys.modules if m == {sdk!r}"
               " or m.startswith('walj.integrations')))\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          cwd=ROOT, check=True)
+                          cwd=ROOT, check=True, timeout=120)
     assert done.stdout.strip() == "[]"
     monkeypatch.setitem(sys.modules, sdk, None)  # as if it were not installed
-    monkeypatch.delitem(sys.modules, f"walj.integrations.{sdk}")
-    with pytest.raises(ImportError, match=rf"pip install 'walj\[{sdk}\]'"):
-        importlib.import_module(f"walj.integrations.{sdk}")
+    monkeypatch.delitem(sys.modules, f"walj.integrations.{module}")
+    with pytest.raises(ImportError, match=re.escape(f"pip install 'walj[{extra}]'")):
+        importlib.import_module(f"walj.integrations.{module}")

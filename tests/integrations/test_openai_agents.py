@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sdk_fakes import check_import_isolation
 
 import walj
 
@@ -352,18 +353,7 @@ def test_what_cannot_be_journaled_is_refused(journal: walj.ToolJournal) -> None:
 
 
 def test_import_isolation_and_the_missing_extra(monkeypatch: pytest.MonkeyPatch) -> None:
-    import importlib
-
-    script = ("import sys, walj\n"
-              "print(sorted(m for m in sys.modules if m == 'agents'"
-              " or m.startswith('walj.integrations')))\n")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          cwd=ROOT, check=True, timeout=HANG)
-    assert done.stdout.strip() == "[]"
-    monkeypatch.setitem(sys.modules, "agents", None)  # as if it were not installed
-    monkeypatch.delitem(sys.modules, "walj.integrations.openai_agents")
-    with pytest.raises(ImportError, match=r"pip install 'walj\[openai-agents\]'"):
-        importlib.import_module("walj.integrations.openai_agents")
+    check_import_isolation(monkeypatch, "agents", "openai_agents", "openai-agents")
 
 
 def test_the_example_runs(tmp_path: Path) -> None:

@@ -4,7 +4,6 @@ with explicit tool-call ids, and a child process killed by a real SIGKILL."""
 from __future__ import annotations
 
 import asyncio
-import importlib
 import os
 import signal
 import subprocess
@@ -13,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sdk_fakes import check_import_isolation
 
 import walj
 
@@ -446,13 +446,4 @@ def test_bad_arguments_are_refused(tmp_path: Path) -> None:
 
 
 def test_import_isolation_and_missing_extra(monkeypatch: pytest.MonkeyPatch) -> None:
-    script = ("import sys, walj\n"
-              "print(sorted(m for m in sys.modules if m == 'pydantic_ai'"
-              " or m.startswith('walj.integrations')))\n")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          cwd=ROOT, check=True)
-    assert done.stdout.strip() == "[]"
-    monkeypatch.setitem(sys.modules, "pydantic_ai", None)  # as if it were not installed
-    monkeypatch.delitem(sys.modules, "walj.integrations.pydantic_ai")
-    with pytest.raises(ImportError, match=r"pip install 'walj\[pydantic-ai\]'"):
-        importlib.import_module("walj.integrations.pydantic_ai")
+    check_import_isolation(monkeypatch, "pydantic_ai", extra="pydantic-ai")
