@@ -1,4 +1,5 @@
-"""Shared helpers for the journal tests: reading a journal's records, and a call recorder."""
+"""Shared helpers for the journal tests: reading a journal's records, a call recorder, and a
+handler for each way a tool call can end other than ok."""
 
 from __future__ import annotations
 
@@ -26,3 +27,27 @@ class Recorder:
     def __call__(self, **arguments: Any) -> Any:
         self.calls.append(arguments)
         return self.result
+
+
+# One handler per way a call can end without returning: error, blocked, cancelled,
+# ambiguous (the tool cannot tell) and an interrupt.
+
+
+def fails(x: int) -> None:
+    raise ValueError(f"no {x}")
+
+
+def refuses(x: int) -> None:
+    raise walj.ToolBlocked("not today")
+
+
+def gives_up(x: int) -> None:
+    raise walj.ToolCancelled("did nothing")
+
+
+def unknown(x: int) -> None:
+    raise walj.ToolOutcomeUnknown("connection lost after sending")
+
+
+def interrupted(x: int) -> None:
+    raise KeyboardInterrupt

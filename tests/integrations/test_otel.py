@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from journal_helpers import fails, gives_up, interrupted, refuses, unknown
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -43,26 +44,6 @@ def traced() -> Iterator[Traced]:
     t = Traced()
     yield t
     t.provider.shutdown()
-
-
-def fails(x: int) -> None:
-    raise ValueError(f"no {x}")
-
-
-def refuses(x: int) -> None:
-    raise walj.ToolBlocked("not today")
-
-
-def gives_up(x: int) -> None:
-    raise walj.ToolCancelled("did nothing")
-
-
-def unknown(x: int) -> None:
-    raise walj.ToolOutcomeUnknown("connection lost after sending")
-
-
-def interrupted(x: int) -> None:
-    raise KeyboardInterrupt
 
 
 def exception_types(span: ReadableSpan) -> list[Any]:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from journal_helpers import kinds, records
+from journal_helpers import fails, gives_up, interrupted, kinds, records, refuses, unknown
 
 import walj
 from walj.journal import ExecutionEnd, ToolContext, ToolObserver
@@ -53,26 +53,6 @@ class Raising(ToolObserver):
 
     def on_resolved(self, resolution: walj.Resolution) -> None:
         self._maybe("on_resolved")
-
-
-def fails(x: int) -> None:
-    raise ValueError(f"no {x}")
-
-
-def refuses(x: int) -> None:
-    raise walj.ToolBlocked("not today")
-
-
-def gives_up(x: int) -> None:
-    raise walj.ToolCancelled("did nothing")
-
-
-def unknown(x: int) -> None:
-    raise walj.ToolOutcomeUnknown("connection lost after sending")
-
-
-def interrupted(x: int) -> None:
-    raise KeyboardInterrupt
 
 
 def state_matches_replay(journal: walj.ToolJournal, path: Path) -> None:
