@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -39,3 +40,29 @@ def load_script(path: Path) -> Any:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def strace_calls(trace: str) -> list[tuple[str, str]]:
+    """(call, file) for every call of an `strace -f -o` trace, in order: the path an openat
+    opened, the destination of a rename, the path of an unlink (unlinkat read as unlink), and
+    for a call on a descriptor the path it was opened from ("?" when unknown)."""
+    fds: dict[str, str] = {}
+    calls: list[tuple[str, str]] = []
+    for line in trace.splitlines():
+        call = line.split(None, 1)[1] if line[:1].isdigit() else line
+        op = call.split("(", 1)[0]
+        result = call.rsplit("=", 1)[-1].strip().split()[0] if "=" in call else ""
+        args = call[len(op) + 1 :]
+        if op == "openat":
+            target = args.split('"')[1]
+            if result.isdigit():
+                fds[result] = target
+        elif op == "rename":
+            target = args.split('"')[3]
+        elif op in ("unlink", "unlinkat"):
+            target, op = args.split('"')[1], "unlink"
+        else:
+            fd = re.match(r"\d+", args)
+            target = fds.get(fd.group(0), "?") if fd else "?"
+        calls.append((op, target))
+    return calls

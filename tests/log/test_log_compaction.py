@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import random
-import re
 import shutil
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from typing import Any
 import pytest
 import spec_reader
 from faultfs import CRASH_MODES, FaultyFS, SimulatedCrash, abandon
-from helpers import make_records, segments
+from helpers import make_records, segments, strace_calls
 
 import walj
 from walj.errors import (
@@ -348,27 +347,10 @@ def test_syscall_order_of_a_drop(tmp_path: Path) -> None:
          sys.executable, "-c", CHILD, str(log)],
         check=True, env=env, capture_output=True, text=True)
     assert int(result.stdout) >= 2
-    fds: dict[str, str] = {}
-    events: list[tuple[str, str]] = []
-    for line in out.read_text().splitlines():
-        call = line.split(None, 1)[1] if line[:1].isdigit() else line
-        op = call.split("(", 1)[0]
-        args = call[len(op) + 1:]
-        result_text = call.rsplit("=", 1)[-1].strip().split()[0] if "=" in call else ""
-        if op == "openat":
-            target = args.split('"')[1]
-            if result_text.isdigit():
-                fds[result_text] = target
-        elif op in ("rename", "unlink", "unlinkat"):
-            quoted = args.split('"')
-            target = quoted[3] if op == "rename" else quoted[1]
-            op = "unlink" if op == "unlinkat" else op
-        else:
-            fd = re.match(r"\d+", args)
-            target = fds.get(fd.group(0), "?") if fd else "?"
-        if target.startswith(str(log)) and (op != "openat" or target == str(log)
-                                            or "BASE" in target):
-            events.append((op, os.path.basename(target) if target != str(log) else "DIR"))
+    events = [(op, os.path.basename(target) if target != str(log) else "DIR")
+              for op, target in strace_calls(out.read_text())
+              if target.startswith(str(log)) and (op != "openat" or target == str(log)
+                                                  or "BASE" in target)]
     start = events.index(("openat", "BASE.tmp"))
     drop = events[start:]
     assert drop[1:5] == [("write", "BASE.tmp"), ("fdatasync", "BASE.tmp"),
@@ -459,23 +441,10 @@ def test_syscall_order_of_a_sealing_close(tmp_path: Path) -> None:
     subprocess.run([str(STRACE), "-f", "-qq", "-o", str(out), "-e",
                     "trace=openat,write,fdatasync,fsync", sys.executable, "-c", SEAL_CHILD,
                     str(log)], check=True, env=env)
-    fds: dict[str, str] = {}
-    events: list[tuple[str, str]] = []
-    for line in out.read_text().splitlines():
-        call = line.split(None, 1)[1] if line[:1].isdigit() else line
-        op = call.split("(", 1)[0]
-        args = call[len(op) + 1:]
-        result = call.rsplit("=", 1)[-1].strip().split()[0] if "=" in call else ""
-        if op == "openat":
-            target = args.split('"')[1]
-            if result.isdigit():
-                fds[result] = target
-        else:
-            fd = re.match(r"\d+", args)
-            target = fds.get(fd.group(0), "?") if fd else "?"
-        if "seg-" in target and target.startswith(str(log)):
-            # the descriptor was opened under the temporary name, before the rename
-            events.append((op, os.path.basename(target).removesuffix(".tmp")))
+    # A descriptor opened under the temporary name, before the rename, names its segment.
+    events = [(op, os.path.basename(target).removesuffix(".tmp"))
+              for op, target in strace_calls(out.read_text())
+              if "seg-" in target and target.startswith(str(log))]
     segment_events = [e for e in events if e[1] == "seg-0000000001.jsonl"]
     assert segment_events[-2:] == [("write", "seg-0000000001.jsonl"),
                                    ("fdatasync", "seg-0000000001.jsonl")]

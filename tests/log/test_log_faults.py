@@ -6,7 +6,6 @@ from __future__ import annotations
 import errno
 import os
 import random
-import re
 import shutil
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from typing import Any
 
 import pytest
 from faultfs import FaultyFS, SimulatedCrash, abandon, tick
-from helpers import all_data, make_records, segments
+from helpers import all_data, make_records, segments, strace_calls
 
 import walj
 
@@ -204,26 +203,8 @@ def test_syscall_order_of_appends_and_rotation(tmp_path: Path) -> None:
 
 def _trace_events(trace: str, logdir: str) -> list[tuple[str, str]]:
     """(call, file) for calls on the log's segments and directory, in order."""
-    fds: dict[str, str] = {}
-    events: list[tuple[str, str]] = []
-    for line in trace.splitlines():
-        call = line.split(None, 1)[1] if line[:1].isdigit() else line
-        op = call.split("(", 1)[0]
-        result = call.rsplit("=", 1)[-1].strip().split()[0] if "=" in call else ""
-        args = call[len(op) + 1 :]
-        if op == "openat":
-            path = args.split('"')[1]
-            if result.isdigit():
-                fds[result] = path
-            target = path
-        elif op == "rename":
-            target = args.split('"')[3]
-        else:
-            fd = re.match(r"\d+", args)
-            target = fds.get(fd.group(0), "?") if fd else "?"
-        if target.startswith(logdir) and ("seg-" in target or target == logdir):
-            events.append((op, target))
-    return events
+    return [(op, target) for op, target in strace_calls(trace)
+            if target.startswith(logdir) and ("seg-" in target or target == logdir)]
 
 
 # --- the fault model itself: directories, and tears of any unsynced write ----------------------
