@@ -105,6 +105,7 @@ from .errors import (  # noqa: E402
 )
 from .journal import (  # noqa: E402
     Blocker,
+    CompactReport,
     Cut,
     ExecutionEnd,
     IncompleteTurn,
@@ -121,6 +122,7 @@ from .journal import (  # noqa: E402
 
 __all__ += [
     "Blocker",
+    "CompactReport",
     "Cut",
     "ExecutionEnd",
     "IncompleteTurn",
@@ -141,3 +143,17 @@ __all__ += [
     "UnknownToolError",
     "handle_function_calls",
 ]
+
+
+def _archive_for_compaction(path: str, url: str,
+                            storage_options: dict[str, Any] | None) -> set[str]:
+    """`ToolJournal.compact(archive=URL)`: the journal lies below walj.archive and never
+    imports it, so the top package hands it this (fsspec is imported only when used)."""
+    from . import archive as archives
+
+    return archives.verified_copies(path, url, storage_options)
+
+
+from .journal._compact import register_archiver  # noqa: E402
+
+register_archiver(_archive_for_compaction)

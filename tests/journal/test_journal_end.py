@@ -13,6 +13,7 @@ from helpers import segments
 
 import walj
 from walj.errors import SessionEndedError, TurnError
+from walj.journal import _records as rc
 
 
 def _last_line(path: Path) -> dict[str, object]:
@@ -30,7 +31,7 @@ def test_end_records_session_ended_and_seals_every_segment(tmp_path: Path) -> No
     assert journal.closed and journal.ended
     assert "seal" in _last_line(path)
     records = [r.data for r in walj.read(path)]
-    assert records[-1]["kind"] == "session_ended" and records[-1]["version"] == 3
+    assert records[-1]["kind"] == "session_ended" and records[-1]["version"] == rc.CONTRACT_VERSION
     assert spec_reader.read_records(path)[-1][1] == records[-1]
     # every segment is sealed: a drop keeps only the active one a reopen makes
     with walj.Log.open(path, segment_bytes=1024) as log:

@@ -332,26 +332,31 @@ def build_journal(path: Path, mode: str, kind: str) -> list[str]:
     or "many" (four ambiguous executions of tools with a policy or a reconcile hook that
     settles, declines or fails, left by concurrent adispatch calls that were cancelled), or
     "settled" (one ambiguous execution, and call "c1" of tool ok, {"x": 1}, settled with its
-    output stored: a dispatch of it again is replayed, before the blocked check).
+    output stored: a dispatch of it again is replayed, before the blocked check), or
+    "compactable" (settled, then a checkpoint and a turn after it: segments to drop).
     Returns the blockers' execution ids."""
-    with walj.ToolJournal.open(path, store_outputs=kind == "settled",
+    with walj.ToolJournal.open(path, store_outputs=kind in ("settled", "compactable"),
                                **options(mode)) as journal:
         with journal.turn() as turn:
             turn.dispatch("ok", {"x": 0}, handler=ok)
-        if kind == "settled":
+        if kind in ("settled", "compactable"):
             with journal.turn() as turn:
                 turn.dispatch("ok", {"x": 1}, handler=ok, call_id="c1")
-        if kind in ("blocked", "settled"):
+        if kind in ("blocked", "settled", "compactable"):
             try:
                 with journal.turn() as turn:
                     turn.dispatch("stay", {"x": 1}, handler=_interrupting)
             except KeyboardInterrupt:
                 pass
+        if kind == "compactable":
+            journal.checkpoint()
+            with journal.turn() as turn:
+                turn.dispatch("ok", {"x": 2}, handler=ok, call_id="c2")
         elif kind == "many":
             asyncio.run(_cancelled_together(journal, ["assume", "recon", "rnone", "rfail"]))
     with walj.ToolJournal.open(path, recovery="salvage") as journal:
         blockers = journal.recovery.blockers
-    want = {"fresh": 0, "blocked": 1, "many": 4, "settled": 1}[kind]
+    want = {"fresh": 0, "blocked": 1, "many": 4, "settled": 1, "compactable": 1}[kind]
     assert len(blockers) == want and all(b.state == "ambiguous" for b in blockers), \
         f"could not prepare the {kind} journal: {blockers}"
     return [b.execution_id for b in blockers if b.execution_id]
@@ -393,7 +398,8 @@ class JournalScenario(Scenario):
     family = "journal"
     BASES = {"open_settle": "many", "resolve": "blocked", "dispatch_refused": "blocked",
              "dispatch_replayed": "settled", "dispatch_replay_refused": "settled",
-             "adispatch_replayed": "settled"}
+             "adispatch_replayed": "settled", "checkpoint": "settled",
+             "compact": "compactable"}
     BASES.update({f"{op}_observed": base for op, base in list(BASES.items())})
 
     def __init__(self, mode: str, op: str) -> None:
@@ -458,6 +464,10 @@ class JournalScenario(Scenario):
                 acks.result(turn.dispatch("ok", {"x": 1}))
             acks.completed.add(turn.sequence)
             inj.call(journal.close)
+        elif op == "checkpoint":
+            inj.call(journal.checkpoint)
+        elif op == "compact":
+            inj.call(lambda: journal.compact(keep_turns=1))
         elif op == "resolve":
             eid = self.blockers[0]
             inj.call(lambda: journal.resolve(eid, "succeeded", actor="ann", note="seen"))
@@ -526,7 +536,7 @@ class JournalScenario(Scenario):
 
 JOURNAL_OPS = ("turn_enter", "turn_exit", "dispatch_ok", "dispatch_error", "dispatch_cancelled",
                "dispatch_refused", "resolve", "open_settle", "close", "dispatch_replayed",
-               "dispatch_replay_refused")
+               "dispatch_replay_refused", "checkpoint", "compact")
 ASYNC_OPS = ("aturn_enter", "aturn_exit", "adispatch_ok", "adispatch_error",
              "adispatch_cancelled", "adispatch_sync", "adispatch_replayed")
 

@@ -20,9 +20,9 @@ _ship (copy and verify), _read (read and verify).
 from __future__ import annotations
 
 from ._read import read, verify
-from ._ship import ShipReport, ship
+from ._ship import ShipReport, ship, verified_copies
 from ._store import ArchiveError, is_url
 from ._view import archived_sessions
 
 __all__ = ["ArchiveError", "ShipReport", "archived_sessions", "is_url", "read", "ship",
-           "verify"]
+           "verified_copies", "verify"]

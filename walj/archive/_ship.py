@@ -185,3 +185,12 @@ def ship(path: str | os.PathLike[str], url: str | os.PathLike[str], *,
         report.bytes += len(data)
     return report
 
+
+
+def verified_copies(path: str | os.PathLike[str], url: str | os.PathLike[str],
+                    storage_options: dict[str, Any] | None = None) -> set[str]:
+    """Ship the session at `path`, reading back every archived copy in full (`recheck`), and
+    return the names of the sealed segments whose copy matches the local file byte for byte:
+    the ones compaction may delete locally."""
+    report = ship(path, url, storage_options=storage_options, recheck=True)
+    return set(report.shipped) | set(report.skipped)

@@ -2,36 +2,39 @@
 
 It promises: a tool's intent is durable before its handler runs and its outcome before the next
 dispatch; arguments and outputs are stored as SHA-256 fingerprints and bounded, redacted
-previews; on open one pass over the log rebuilds every unmatched intent, interrupted turn,
-pending LLM call and unexplained cut, and dispatch is refused (fail closed) until a person, a
-reconcile hook or a per-tool policy settles each one with a durable record. A caller-given call
-id dispatched again after it settled is answered from its record (replayed) or refused, and
-its handler is not run again. The live state in
-a process always equals what a replay of its log would rebuild. Nothing is silently replayed;
-this is not exactly-once.
+previews; on open one pass over the log, from its last complete checkpoint, rebuilds every
+unmatched intent, interrupted turn, pending LLM call and unexplained cut, and dispatch is
+refused (fail closed) until a person, a reconcile hook or a per-tool policy settles each one
+with a durable record. A caller-given call id dispatched again after it settled is answered from
+its record (replayed) or refused, and its handler is not run again. The live state in a process
+always equals what a replay of its log would rebuild. Nothing is silently replayed; this is not
+exactly-once.
 
 It never touches a file descriptor or a path inside the log directory: it reaches the log only
-through walj.log's public surface (Log, read, the errors) and the replay hook
-`Log.open(_replay=...)`. It never imports the CLI or an integration.
+through walj.log's public surface (Log, read, the errors) and the replay hooks
+`Log.open(_replay=..., _replay_start=...)`. It never imports the CLI or an integration.
 
 Modules: _records (record kinds, field names, the recovery types), _writes (every record the
 journal writes, built in one place), _decode (reading one untrusted record), _fingerprint
-(digests and previews), _damage (which cuts a crash explains), _openwork (what the rebuild
-holds open), _callindex (the bounded index of settled call ids), _recovery (the rebuild),
-_tools (tools, contexts, results), _core (the locked writer and the live-state table: the one
-object Turn, LLMCall and resolution talk to), _aio (blocking steps from asyncio), _replay
-(answering a settled call id from its record), _turn (turns and dispatch), _llm (LLM-call
-brackets), _resolve (resolutions and policies), _observe (the observer hook: tracing and
-metrics), _sessions (session ids to directory names), _journal (ToolJournal).
+(digests and previews), _damage (which cuts a crash explains), _openwork (what the rebuild holds
+open), _callindex (the bounded index of settled call ids), _recovery (the rebuild), _checkpoint
+(the state as checkpoint records, and back), _compact (writing checkpoints; compaction), _tools
+(tools, contexts, results), _core (the locked writer and the live-state table: the one object
+Turn, LLMCall and resolution talk to), _aio (blocking steps from asyncio), _replay (answering a
+settled call id from its record), _turn (turns and dispatch), _llm (LLM-call brackets), _resolve
+(resolutions and policies), _observe (the observer hook: tracing and metrics), _sessions
+(session ids to directory names), _journal (ToolJournal).
 """
 
 from __future__ import annotations
 
+from ._compact import CompactReport
 from ._journal import ToolJournal, handle_function_calls
 from ._observe import ExecutionEnd, ToolObserver
 from ._records import Blocker, Cut, IncompleteTurn, PendingLLMCall, Recovery, Resolution
 from ._tools import Tool, ToolContext, ToolResult
 
-__all__ = ["Blocker", "Cut", "ExecutionEnd", "IncompleteTurn", "PendingLLMCall", "Recovery",
-           "Resolution", "Tool", "ToolContext", "ToolJournal", "ToolObserver", "ToolResult",
+__all__ = ["Blocker", "CompactReport", "Cut", "ExecutionEnd", "IncompleteTurn", "PendingLLMCall",
+           "Recovery", "Resolution", "Tool", "ToolContext", "ToolJournal", "ToolObserver",
+           "ToolResult",
            "handle_function_calls"]

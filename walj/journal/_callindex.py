@@ -3,6 +3,7 @@ Standard library only (the forensic tool rebuilds it too)."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -12,8 +13,8 @@ DEFAULT_REPLAY_WINDOW = 10_000
 # The filter of call ids that fell out of the window: 2**23 bits (1 MiB, allocated at the
 # first eviction) and 4 probes. After a million evictions about 2% of new call ids are
 # mistaken for forgotten ones and refused; after 100,000, about 1 in 200,000. The probes come
-# from the str's own hash (cached on it, so cheap): the filter lives only in memory and is
-# rebuilt by every open, so it need not be the same in another process.
+# from a keyless BLAKE2b of the id, the same in every process: a checkpoint carries the filter
+# to the next open (Python's own str hash is salted per process).
 _FILTER_BITS = 2**23
 _FILTER_MASK = _FILTER_BITS - 1
 _PROBES = 4
@@ -95,13 +96,23 @@ class CallIndex:
             return Forgotten(self.window)
         return None
 
+    def filter_bytes(self) -> bytes | None:
+        """The filter of forgotten call ids, for a checkpoint; None before the first one."""
+        return bytes(self._filter) if self._filter is not None else None
+
+    def load_filter(self, bits: bytes) -> None:
+        """Take the filter a checkpoint carried (ValueError if it is not one)."""
+        if len(bits) != _FILTER_BITS // 8:
+            raise ValueError(f"a filter is {_FILTER_BITS // 8} bytes, not {len(bits)}")
+        self._filter = bytearray(bits)
+
     def _forget(self, call_id: str) -> None:
         bits = self._filter
         if bits is None:
             bits = self._filter = bytearray(_FILTER_BITS // 8)
         # _bits, unrolled (the same probes): this runs for every settled call past the
         # window, on every open.
-        value = hash(call_id) & 0xFFFF_FFFF_FFFF_FFFF
+        value = _hash(call_id)
         bit, step = value & _FILTER_MASK, (value >> 32) | 1
         bits[bit >> 3] |= 1 << (bit & 7)
         bit = (bit + step) & _FILTER_MASK
@@ -112,8 +123,13 @@ class CallIndex:
         bits[bit >> 3] |= 1 << (bit & 7)
 
 
+def _hash(call_id: str) -> int:
+    return int.from_bytes(hashlib.blake2b(call_id.encode("utf-8", "surrogatepass"),
+                                          digest_size=8).digest(), "little")
+
+
 def _bits(call_id: str) -> list[int]:
-    """The filter's probes for a call id: double hashing over the 64-bit str hash."""
-    value = hash(call_id) & 0xFFFF_FFFF_FFFF_FFFF
+    """The filter's probes for a call id: double hashing over a 64-bit hash."""
+    value = _hash(call_id)
     first, step = value & _FILTER_MASK, (value >> 32) | 1
     return [(first + i * step) & _FILTER_MASK for i in range(_PROBES)]

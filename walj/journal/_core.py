@@ -20,6 +20,7 @@ from ..errors import (
 from ..log import Log, Record, read
 from . import _damage, _writes
 from . import _records as rc
+from ._checkpoint import settling_record
 from ._fingerprint import Redactor
 from ._observe import ToolObserver
 from ._recovery import Recovery, RecoveryState
@@ -48,7 +49,8 @@ class Core:
     def __init__(self, log: Log, state: RecoveryState, tools: dict[str, Tool], *,
                  arguments_chars: int, output_chars: int, redactor: Redactor,
                  store_arguments: bool, block_on_pending_llm_calls: bool,
-                 stored_output_limit: int | None = None, read_options: Any = None) -> None:
+                 stored_output_limit: int | None = None, read_options: Any = None,
+                 record_limit: int = 2**20, checkpoint_every: int | None = None) -> None:
         self.log = log
         self.log_id = log.log_id
         self.state = state
@@ -62,6 +64,9 @@ class Core:
         # outputs are not stored.
         self.stored_output_limit = stored_output_limit
         self.read_options: dict[str, Any] = dict(read_options or {})  # for walj.read
+        self.record_limit = record_limit  # the log's max_record_bytes: a checkpoint part's
+        self.checkpoint_every = checkpoint_every  # records between automatic checkpoints
+        self.before_turn: Callable[[], None] | None = None
         self.write_lock = threading.RLock()
         self.lock = threading.Lock()
         self.resolve_lock = threading.Lock()
@@ -129,14 +134,18 @@ class Core:
                 "takes no new turn or LLM call. Start a new session; blockers may still be "
                 "resolved")
 
+    def check_between_turns(self, what: str) -> None:
+        """With write_lock held: open, and no turn live (TurnError naming `what` waits)."""
+        self.check_open()
+        with self.lock:
+            if self.live_turn is not None:
+                raise TurnError(f"turn {self.live_turn.sequence} is still live; end it before "
+                                f"{what}")
+
     def end_session(self) -> None:
         """Write session_ended (durable) unless it is there, then close sealing the log."""
         with self.write_lock:
-            self.check_open()
-            with self.lock:
-                if self.live_turn is not None:
-                    raise TurnError(f"turn {self.live_turn.sequence} is still live; end it "
-                                    "before the session")
+            self.check_between_turns("the session")
             if self.state.ended_seq is None:
                 self.write_settlements()
                 self.write(_writes.session_ended_record(), durable=True)
@@ -162,18 +171,19 @@ class Core:
                 raise  # refused before anything was written
             except BaseException:
                 if not refused_unwritten:
-                    self._resync()
+                    self.resync()
                 raise
             return seq
 
-    def _resync(self) -> None:
+    def resync(self) -> None:
         """With write_lock held: rebuild the state from the log's files. A record the log may
-        or may not have written is then in the state exactly when it is in the file."""
+        or may not have written is then in the state exactly when it is in the file; after a
+        compaction, the replay index points into the checkpoint, not at dropped records."""
         if self.unknown_state is not None:
             return
         state = RecoveryState(self.state.calls.window)
         try:
-            for record in read(self.log.path):
+            for record in read(self.log.path, **self.read_options):
                 state.feed(record.seq, record.data)
         except Exception as exc:  # damaged meanwhile: fail closed, refuse work until reopened
             self.unknown_state = exc
@@ -183,6 +193,18 @@ class Core:
             raise
         with self.lock:
             self.state = state
+
+    def read_settling(self, seq: int, call_id: str) -> tuple[dict[str, Any], int]:
+        """The record that settled `call_id`, which the replay index says is at `seq`, and its
+        own seq: itself, or the copy a checkpoint part at `seq` carries."""
+        record = self.read_record(seq)
+        if record.get("kind") != rc.CHECKPOINT:
+            return record, seq
+        carried = settling_record(record, call_id)
+        if carried is None:
+            raise CorruptionError(f"checkpoint record {seq} does not carry call id "
+                                  f"{call_id!r}", seq=seq, kind="journal_record")
+        return carried
 
     def read_record(self, seq: int) -> dict[str, Any]:
         """The journal record at `seq`, read back from the log (a replay's settled call)."""
@@ -330,6 +352,8 @@ class Core:
         taken under write_lock, so a turn abandoned mid-write can never share its number."""
         with self.write_lock:
             self.check_not_ended()
+            if self.live_turn is None and self.before_turn is not None:
+                self.before_turn()  # the automatic checkpoint, when one is due
             with self.lock:
                 if self.live_turn is not None:
                     raise TurnError(f"turn {self.live_turn.sequence} is still live; turns do "

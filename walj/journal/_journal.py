@@ -4,6 +4,7 @@ state and writes live in its Core."""
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -11,9 +12,11 @@ from types import MappingProxyType, TracebackType
 from typing import Any
 
 from ..errors import UnknownToolError, WaljError
-from ..log import BASE_NAME, Log
-from . import _resolve
+from ..log import Log
+from . import _compact, _resolve
 from ._callindex import DEFAULT_REPLAY_WINDOW
+from ._checkpoint import IncompleteCheckpointError, first_part_id
+from ._compact import CompactReport
 from ._core import Core
 from ._fingerprint import (
     ARGUMENTS_PREVIEW_CHARS,
@@ -33,6 +36,7 @@ from ._turn import Turn
 
 DEFAULT_MAX_STORED_OUTPUT_BYTES = 64 * 1024
 DEFAULT_MAX_RECORD_BYTES = 2**20  # walj.Log.open's default
+DEFAULT_CHECKPOINT_EVERY = 100_000
 # Room in an ok call's terminal record for everything but the output value: its fixed fields
 # and the output preview, each of whose characters JSON may write as up to 6 bytes (\u001f).
 _TERMINAL_RECORD_ROOM = 1024
@@ -71,6 +75,7 @@ class ToolJournal:
         max_stored_output_bytes: int = DEFAULT_MAX_STORED_OUTPUT_BYTES,
         replay_window: int = DEFAULT_REPLAY_WINDOW,
         observers: Iterable[ToolObserver] = (),
+        checkpoint_every: int | None = DEFAULT_CHECKPOINT_EVERY,
         **log_options: Any,
     ) -> ToolJournal:
         """Open (creating if needed) the journal in directory `path` and rebuild its recovery
@@ -82,13 +87,17 @@ class ToolJournal:
         so a re-dispatch of its call id can be answered from it (docs/RECOVERY.md, "Replay").
         `replay_window`: how many settled caller-given call ids the journal indexes.
         `observers` (walj.journal.ToolObserver) are told of every execution and resolution from
-        then on, those settlements included (docs/RECOVERY.md, "Observers")."""
+        then on, those settlements included (docs/RECOVERY.md, "Observers").
+        `checkpoint_every`: before a turn starts, write a checkpoint once this many records
+        were written since the last (None: only `checkpoint()` and `compact()` write them).
+        The open replays from the last complete checkpoint (docs/RECOVERY.md, "Checkpoints")."""
         registry = tools_from(tools)
         watching = check_observers(observers)
         for name, value in (("preview_chars", preview_chars),
                             ("output_preview_chars", output_preview_chars),
                             ("max_stored_output_bytes", max_stored_output_bytes),
-                            ("replay_window", replay_window)):
+                            ("replay_window", replay_window),
+                            ("checkpoint_every", checkpoint_every or 1)):
             if type(value) is not int or value < 1:
                 raise ValueError(f"{name} must be a positive int, not {value!r}")
         stored_output_limit = None
@@ -97,16 +106,7 @@ class ToolJournal:
                 max_stored_output_bytes, output_preview_chars,
                 log_options.get("max_record_bytes", DEFAULT_MAX_RECORD_BYTES))
         redactor = Redactor(redact_keys)
-        state = RecoveryState(replay_window)
-        # The one internal hook of the log: each verified record's bytes, during the open's scan.
-        if os.path.lexists(os.path.join(path, BASE_NAME)):
-            # Compacted (Log.drop_before): the records before its base are gone, and an
-            # execution started there and never settled would be missed. Fail closed, before
-            # the log is opened (and its replay fed records that begin mid-session).
-            raise WaljError(f"{os.fspath(path)} was compacted (it has a {BASE_NAME} marker): a "
-                            "tool journal is rebuilt from its first record, so it cannot be "
-                            "opened; read it with walj.read or `walj dump`")
-        log = Log.open(path, _replay=state.feed_json, **log_options)
+        log, state = _open_log(path, replay_window, log_options)
         try:
             core = Core(
                 log, state, registry,
@@ -117,8 +117,11 @@ class ToolJournal:
                 block_on_pending_llm_calls=bool(block_on_pending_llm_calls),
                 stored_output_limit=stored_output_limit,
                 read_options={"_fs": log_options["_fs"]} if log_options.get("_fs") else None,
+                record_limit=log_options.get("max_record_bytes", DEFAULT_MAX_RECORD_BYTES),
+                checkpoint_every=checkpoint_every,
             )
             core.observers = watching
+            core.before_turn = functools.partial(_compact.checkpoint_if_due, core)
             if log_options.get("recovery") != "salvage":
                 core.record_cuts()
                 _resolve.settle_automatically(core)
@@ -335,6 +338,27 @@ class ToolJournal:
         self._core.check_open()
         return _resolve.resolve_turn(self._core, turn_sequence, note=note, actor=actor)
 
+    # --- checkpoints and compaction -------------------------------------------------------------
+
+    def checkpoint(self) -> int:
+        """Write a checkpoint: every part of the recovery state an open needs from the past
+        (open executions, incomplete turns, pending LLM calls, cuts, the resolutions that
+        still matter, the turn counter and the replay index with its stored outputs), at the
+        start of a new segment, durably. Returns its first record's seq. The next open
+        replays from it; the segments before it need not be read again."""
+        self._core.check_open()
+        return _compact.checkpoint(self._core)
+
+    def compact(self, *, keep_turns: int = 0, archive: str | os.PathLike[str] | None = None,
+                storage_options: dict[str, Any] | None = None) -> CompactReport:
+        """Write a checkpoint, then delete every sealed segment before it that holds none of
+        the last `keep_turns` (at most 1,000) turns' records. With `archive` (an fsspec URL
+        or a local path), each segment to delete is first shipped to `archive/<log_id>/` and
+        its copy read back and verified; one that was not is kept. An unresolved blocker is
+        never lost: the checkpoint carries it. Refused while a turn is live (TurnError)."""
+        self._core.check_open()
+        return _compact.compact(self._core, keep_turns, archive, storage_options)
+
     # --- closing --------------------------------------------------------------------------------
 
     def close(self) -> None:
@@ -368,6 +392,67 @@ class ToolJournal:
         except WaljError:
             if exc is None:
                 raise  # else the exception in flight (often the cause) goes on unmasked
+
+
+def _open_log(path: str | os.PathLike[str], replay_window: int,
+              log_options: dict[str, Any]) -> tuple[Log, RecoveryState]:
+    """Open the log, rebuilding the state from its last complete checkpoint (or its first
+    record). A checkpoint a crash cut short is passed over for the one before it."""
+    passed_over: set[str] = set()
+    chosen: list[str] = []
+
+    def starts_here(data: bytes) -> bool:
+        checkpoint_id = first_part_id(data)
+        if checkpoint_id is None or checkpoint_id in passed_over:
+            return False
+        chosen.append(checkpoint_id)
+        return True
+
+    while True:
+        state = RecoveryState(replay_window)
+        chosen.clear()
+        try:
+            log = Log.open(path, _replay=state.feed_json, _replay_start=starts_here,
+                           **log_options)
+        except IncompleteCheckpointError as exc:
+            if exc.checkpoint_id in passed_over:
+                raise
+            passed_over.add(exc.checkpoint_id)
+            continue
+        try:
+            passed = _passed_over(log, state, chosen, passed_over)
+            if passed is None:
+                return log, state
+        except BaseException:
+            _close_quietly(log)
+            raise
+        try:  # no line between the two tries: an interrupt lands in one of them
+            passed_over.add(passed)
+        finally:
+            _close_quietly(log)
+
+
+def _passed_over(log: Log, state: RecoveryState, chosen: list[str],
+                 passed_over: set[str]) -> str | None:
+    """The checkpoint the open began at, when the state could not be taken from it (a crash
+    cut it short): the next try passes it over. None when the state is whole."""
+    if state.loading is None and not state.awaiting:
+        return None
+    if chosen and chosen[-1] not in passed_over:
+        return chosen[-1]
+    if log.first_seq > 1:
+        raise WaljError(f"{log.path} was compacted without a complete checkpoint after its "
+                        "base: a tool journal cannot know what the dropped segments held open, "
+                        "so it is not opened; read it with walj.read or `walj dump`")
+    state.snapshot()  # raises: the records began at a checkpoint cut short
+    return None
+
+
+def _close_quietly(log: Log) -> None:
+    try:
+        log.close()
+    except WaljError:
+        pass  # the open's own state, or the exception in flight, says more
 
 
 def handle_function_calls(

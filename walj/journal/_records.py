@@ -11,8 +11,9 @@ from typing import Any
 # (docs/RECOVERY.md, "Records"); version 1's short keys (`k`, `v`, `o`, ...) are refused.
 # Version 3 added replay (tool_execution_replayed, tool_execution_refused, stored outputs,
 # call_id_generated), session_named and session_ended; a version-2 log reads as before.
-CONTRACT_VERSION = 3
-SUPPORTED_VERSIONS = frozenset({2, CONTRACT_VERSION})
+# Version 4 added checkpoint; a version-2 or -3 log reads as before.
+CONTRACT_VERSION = 4
+SUPPORTED_VERSIONS = frozenset({2, 3, CONTRACT_VERSION})
 
 TURN_STARTED = "turn_started"
 TURN_COMPLETED = "turn_completed"
@@ -31,6 +32,7 @@ LOG_CUT_RESOLVED = "log_cut_resolved"
 REPLAYED = "tool_execution_replayed"
 REFUSED = "tool_execution_refused"
 SESSION_NAMED = "session_named"
+CHECKPOINT = "checkpoint"
 
 # Resolutions that settle a call (replay answers from them); the others (not_performed,
 # rerun) say it did not take effect, so it may run afresh.
@@ -39,6 +41,7 @@ SETTLED_RESOLUTIONS = frozenset({"succeeded", "failed"})
 # Why a terminal record holds no `output` value (field `output_not_stored`).
 OUTPUT_TOO_LARGE = "too_large"
 OUTPUT_NOT_STORABLE = "not_storable"
+OUTPUT_DROPPED = "dropped_at_checkpoint"  # beyond what a checkpoint carries
 
 # Why a dispatch was refused (field `refused_reason` of tool_execution_refused).
 REFUSED_ARGUMENTS_DIFFER = "arguments_differ"

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import math
 import re
+from collections import deque
 from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
 from ..errors import CorruptionError, UnsupportedVersionError
 from . import _records as r
 from ._callindex import DEFAULT_REPLAY_WINDOW, CallIndex, call_key, raw_call_key
+from ._checkpoint import CheckpointLoad, first_part_id, header
 from ._damage import CutLedger
 from ._decode import decode_record as decode_record
 from ._decode import show, time_of, turn_number
@@ -48,6 +50,9 @@ _START_ID_END = _START_ID + _ID_LEN
 _START_TURN_WINDOW = 96
 _TURN_NO = len(_TURN_STARTED_PREFIX[0])
 _QUOTE = ord('"')
+_CHECKPOINT_PREFIX = b'{"kind":"%s",' % r.CHECKPOINT.encode()
+# How many turn starts the state remembers, for compaction's keep_turns.
+MAX_KEEP_TURNS = 1000
 _JSON_NUMBER = re.compile(rb"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 
 
@@ -87,6 +92,14 @@ class RecoveryState:
         self.records = 0
         self.last_seq = 0
         self.ended_seq: int | None = None  # the session_ended record's seq
+        self.turn_starts: deque[int] = deque(maxlen=MAX_KEEP_TURNS)  # seqs, newest last
+        # A rebuild that started at a checkpoint, while its parts are read.
+        self.loading: CheckpointLoad | None = None
+        # Records that begin after seq 1 (a compacted log) say nothing until a checkpoint.
+        self.awaiting = False
+        self._gate = True  # the first record, a load or a wait under way: see _gated
+        self.from_checkpoint: int | None = None  # the checkpoint's first seq, once loaded
+        self.checkpointed_records = 0  # `records` when the last checkpoint was fed
         self._handlers: dict[str, Callable[[int, Mapping[str, Any]], None]] = {
             r.TURN_STARTED: self._turn_started, r.TURN_COMPLETED: self._turn_completed,
             r.TURN_RESOLVED: self._turn_resolved, r.STARTED: self._started,
@@ -96,13 +109,16 @@ class RecoveryState:
             r.LLM_RESOLVED: self._llm_resolved, r.LOG_CUT: self.cuts.log_cut,
             r.LOG_CUT_RESOLVED: self._cut_resolved, r.REPLAYED: self._ignore,
             r.REFUSED: self._ignore, r.SESSION_NAMED: self._session_named,
-            r.SESSION_ENDED: self._session_ended,
+            r.SESSION_ENDED: self._session_ended, r.CHECKPOINT: self._checkpoint,
         }
 
     # --- feeding --------------------------------------------------------------------------------
 
     def feed_json(self, seq: int, data: bytes) -> None:
         """Feed one record as its JSON bytes (the log's replay callback)."""
+        if self._gate and self._gated(seq, r.record_kind(data),
+                                      first_part_id(data) is not None):
+            return
         if data.startswith(_FINISHED_PREFIX):
             if len(data) > _FIN_ID_END and data[_FIN_ID_END] == _QUOTE:
                 self.records += 1
@@ -157,10 +173,45 @@ class RecoveryState:
         except ValueError as exc:
             raise CorruptionError(f"journal record {seq} is not JSON: {exc}", seq=seq,
                                   kind="journal_record") from exc
-        self.feed(seq, record)
+        self._feed(seq, record)
 
     def feed(self, seq: int, record: Any) -> None:
         """Feed one decoded record. Refuses an unknown contract version or kind (fail closed)."""
+        if self._gate and isinstance(record, dict):
+            kind = record.get("kind")
+            if self._gated(seq, kind if isinstance(kind, str) else None,
+                           kind == r.CHECKPOINT and record.get("part") == 0):
+                return
+        self._feed(seq, record)
+
+    def _gated(self, seq: int, kind: str | None, starts_checkpoint: bool) -> bool:
+        """Before the first record, and while a checkpoint loads or is awaited: True when the
+        record is passed over. Records from seq 1 are the whole history: checkpoints among
+        them add nothing. Records that begin later (a compacted log, or an open that starts at
+        a checkpoint) take their state from the first complete checkpoint; one cut short
+        (a crash while it was written) is dropped, and the wait goes on."""
+        loading = self.loading
+        if loading is not None:
+            if kind == r.CHECKPOINT:
+                return False
+            if not loading.restartable:
+                raise loading.incomplete(seq)
+            window = self.calls.window
+            self.__init__(window)  # type: ignore[misc] # what the cut-short one loaded goes
+            self.awaiting = True
+        elif not self.awaiting:  # the first record
+            if starts_checkpoint:
+                return False
+            if seq <= 1:
+                self._gate = False
+                return False
+            self.awaiting = True
+        if starts_checkpoint:
+            self.awaiting = False
+            return False
+        return True
+
+    def _feed(self, seq: int, record: Any) -> None:
         if not isinstance(record, dict):
             raise CorruptionError(f"journal record {seq} is not a JSON object", seq=seq,
                                   kind="journal_record")
@@ -206,6 +257,27 @@ class RecoveryState:
         if self.ended_seq is None:
             self.ended_seq = seq
 
+    def _checkpoint(self, seq: int, record: Mapping[str, Any]) -> None:
+        """A rebuild that begins at a checkpoint takes its state from it; one that read the
+        history before it already has that state, and only counts it."""
+        checkpoint_id, part, parts, items = header(seq, record)
+        loading = self.loading
+        if loading is None:
+            if part != 0 or self.records != 1:
+                if part == parts - 1:
+                    self.checkpointed_records = self.records
+                return
+            loading = self.loading = CheckpointLoad(checkpoint_id, parts, seq, seq > 1)
+        elif checkpoint_id != loading.checkpoint_id or part != loading.next_part:
+            raise loading.incomplete(seq)
+        loading.apply(self, seq, part, items)
+        if part == parts - 1:
+            loading.finish(self, seq)
+            self.loading = None
+            self._gate = False
+            self.from_checkpoint = loading.first_seq
+            self.checkpointed_records = self.records
+
     def _turn_started(self, seq: int, record: Mapping[str, Any]) -> None:
         self._open_turn(seq, record.get("turn_sequence"), _time(record))
 
@@ -215,6 +287,7 @@ class RecoveryState:
                                   "is not a new turn number", seq=seq, kind="journal_record")
         self.top = self.turns[sequence] = OpenTurn(sequence, seq, started_at)
         self.turn_stack.append(sequence)
+        self.turn_starts.append(seq)
         self.max_turn = max(self.max_turn, sequence)
 
     def _turn_completed(self, seq: int, record: Mapping[str, Any]) -> None:
@@ -355,7 +428,14 @@ class RecoveryState:
     def snapshot(self, *, live_executions: Collection[str] = (), live_turn: int | None = None,
                  live_llm_calls: Collection[str] = (),
                  block_on_pending_llm_calls: bool = False) -> Recovery:
-        """The recovery view. Work in flight in this process (`live_*`) is not a blocker."""
+        """The recovery view. Work in flight in this process (`live_*`) is not a blocker.
+        IncompleteCheckpointError when the records began at a checkpoint and ended inside it."""
+        if self.loading is not None:
+            raise self.loading.incomplete(None)
+        if self.awaiting:
+            raise CorruptionError("the journal's records begin after seq 1 (a compacted log) "
+                                  "with no complete checkpoint to rebuild its state from",
+                                  kind="journal_record")
         blockers = [self.blocker(eid) for eid in self.executions if eid not in live_executions]
         incomplete: list[IncompleteTurn] = []
         for sequence in self.turn_stack:

@@ -18,6 +18,7 @@ ALREADY_DONE_STATUS = "already_done"
 _NOT_STORED_WHY = {
     rc.OUTPUT_TOO_LARGE: "it was larger than the journal's max_stored_output_bytes",
     rc.OUTPUT_NOT_STORABLE: "it could not be stored as JSON",
+    rc.OUTPUT_DROPPED: "a checkpoint carried only the newest stored outputs",
 }
 
 
@@ -46,7 +47,7 @@ def answer(core: Core, context: ToolContext, arguments: dict[str, Any]) -> ToolR
                 f"call id {call} may have been settled before this journal's replay window "
                 f"(its last {found.window} settled calls), so its outcome cannot be answered; "
                 "walj does not run it again. Use a new call id for a new call."))
-        settling = core.read_record(found.seq)
+        settling, settled_seq = core.read_settling(found.seq, context.call_id)
         settled_id = settling.get("execution_id")
         if not isinstance(settled_id, str):
             raise CorruptionError(f"journal record {found.seq} names no execution", seq=found.seq,
@@ -63,7 +64,7 @@ def answer(core: Core, context: ToolContext, arguments: dict[str, Any]) -> ToolR
             return _refuse(core, context, arguments, rc.REFUSED_OUTPUT_NOT_STORED, settled_id, (
                 f"call id {call} already ran (execution {settled_id}, outcome ok) but its "
                 f"output was not stored: {why}. walj does not run it again."))
-        core.write(_writes.replayed(settling, found.seq, context.turn_sequence, context.tool,
+        core.write(_writes.replayed(settling, settled_seq, context.turn_sequence, context.tool,
                                     context.call_id, context.arguments_sha256, outcome),
                    durable=True)
         return ToolResult(context.tool, context.call_id, arguments, output, error, outcome,

@@ -7,10 +7,12 @@ typed error naming file, offset and seq; one writer per directory. Durability is
 the order of system calls, all of which go through the FileSystem seam (`_fs.py`).
 
 It never interprets a record's contents (a record is a JSON object it stores and hands back),
-and never imports the journal, the CLI or an integration. Its public surface is below; the one
-internal hook above it is `Log.open(_replay=...)`, the callback that sees each verified
+and never imports the journal, the CLI or an integration. Its public surface is below; the
+internal hooks above it are `Log.open(_replay=...)`, the callback that sees each verified
 record's data bytes during the open's own scan, so a layer above can rebuild its state in the
-same pass.
+same pass, and `_replay_start`, which picks the segment that scan begins at from the first
+bytes of each segment's first record (the segments before it are checked by header and seal,
+their records not read).
 
 Modules: _format (line framing and XXH64), _xxh64 (pure-Python XXH64), _fs (the I/O seam),
 _segment (one segment's scan), _scan (the directory: order, seal chain, torn tail or damage),

@@ -30,6 +30,26 @@ class Compaction(Durability):
         first seq of the first kept segment (its base)."""
         return self._first_seq
 
+    def segments(self) -> list[tuple[str, int]]:
+        """The log's segment files from its base on, oldest first, each with its first seq
+        (from its header; a segment whose header does not verify ends the list)."""
+        listed, _ = list_segments(self._fs, self._dir)
+        lowest = self._base_index()
+        found: list[tuple[str, int]] = []
+        for index, name in listed:
+            if index < lowest:
+                continue
+            header = read_header(self._fs, self._dir, name)
+            if header is None:
+                break
+            found.append((name, header.first_seq))
+        return found
+
+    def _base_index(self) -> int:
+        listed, _ = list_segments(self._fs, self._dir)
+        begin = find_start(self._fs, self._dir, listed)
+        return begin.base.index if begin.base is not None else 0
+
     def drop_before(self, seq: int) -> int:
         """Delete every sealed segment whose records all come before `seq`, and return how
         many segment files this call removed (leftovers of an interrupted drop included).

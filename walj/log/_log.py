@@ -18,7 +18,7 @@ from ._durability import interval_loop, io_failure
 from ._format import encode_record, frame_record
 from ._fs import DEFAULT_FS, FileSystem, write_all
 from ._lock import WriterLock, forget_open_directories
-from ._opening import Replay, check_options, prepare_directory, recover
+from ._opening import Replay, ReplayStart, check_options, prepare_directory, recover
 from ._quarantine import CutLine, Quarantined, cut_lines, read_manifest
 from ._rotation import Rotation
 from ._segment import Problem, SegmentScan
@@ -97,6 +97,7 @@ class Log(Compaction, Rotation):
         sync_interval_ms: float = 100,
         _fs: FileSystem | None = None,
         _replay: Replay | None = None,
+        _replay_start: ReplayStart | None = None,
     ) -> Log:
         """Open (creating if needed) the log in directory `path`; see docs/FORMAT.md."""
         check_options(sync, segment_bytes, max_record_bytes, recovery, lock_timeout,
@@ -109,7 +110,7 @@ class Log(Compaction, Rotation):
             prepare_directory(fs, directory, create=not read_only)
             if not read_only:
                 log._writer_lock = WriterLock(fs, directory, lock_timeout)
-            log._recover(recovery, _replay)
+            log._recover(recovery, _replay, _replay_start)
             if sync == "interval" and not read_only:
                 log._syncer = threading.Thread(
                     target=interval_loop, args=(weakref.ref(log), log._stop,
@@ -145,8 +146,10 @@ class Log(Compaction, Rotation):
             finalizer.detach()
         _open_logs.discard(self)
 
-    def _recover(self, recovery: str, replay: Replay | None) -> None:
-        found = recover(self._fs, self._dir, recovery, replay, writable=not self._read_only)
+    def _recover(self, recovery: str, replay: Replay | None,
+                 start: ReplayStart | None) -> None:
+        found = recover(self._fs, self._dir, recovery, replay, writable=not self._read_only,
+                        start=start)
         self.problems = found.problems
         self.torn_tail = found.torn_tail
         self._log_id = found.log_id

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import uuid
 from collections import deque
 from collections.abc import Callable
@@ -11,13 +12,20 @@ from itertools import starmap
 
 from ..errors import WaljError
 from . import _format as fmt
+from ._base import find_start
 from ._fs import FileSystem
 from ._quarantine import Quarantined, cut_segment
-from ._scan import MODES, LogScan, check_for_writer
+from ._scan import MODES, LogScan, check_for_writer, list_segments
 from ._segment import Problem, SegmentScan
 
 SYNC_MODES = ("always", "batch", "interval", "never")
 Replay = Callable[[int, bytes], None]
+# Asked of the first record of each segment, newest first: may the replay start here?
+ReplayStart = Callable[[bytes], bool]
+# How much of a segment's first record a ReplayStart sees: enough for a layer above to tell
+# what kind of record begins the segment, never a whole large record.
+FIRST_RECORD_PEEK = 4096
+_FIRST_LINE = re.compile(rb'\{"xxh64":"[0-9a-f]{16}","seq":([1-9][0-9]{0,19}),"data":')
 
 
 def check_options(sync: str, segment_bytes: int, max_record_bytes: int, recovery: str,
@@ -75,15 +83,53 @@ class Recovered:
     first_seq: int = 1  # where a compacted log begins (its BASE); 1 otherwise
 
 
+def first_record(fs: FileSystem, directory: str, name: str) -> tuple[int, bytes] | None:
+    """(seq, the first FIRST_RECORD_PEEK bytes of its data) of a segment's first record, read
+    without scanning the segment; None when it has none or it cannot be read. Unverified:
+    the scan that then starts there checks every byte of it."""
+    try:
+        fd = fs.open_read(os.path.join(directory, name))
+    except (OSError, WaljError):
+        return None
+    try:
+        head = fs.pread(fd, fmt.HEADER_LINE_LIMIT + FIRST_RECORD_PEEK, 0)
+    finally:
+        fs.close(fd)
+    end = head.find(b"\n")
+    found = _FIRST_LINE.match(head, end + 1) if end >= 0 else None
+    if found is None:
+        return None
+    return int(found.group(1)), head[found.end():found.end() + FIRST_RECORD_PEEK]
+
+
+def replay_start(fs: FileSystem, directory: str, choose: ReplayStart) -> int:
+    """The seq to replay from: the first record of the newest segment (from the base on)
+    whose first record `choose` accepts, or 0 (from the beginning) when none does. Costs one
+    read per segment looked at, newest first, however many records they hold."""
+    listed, _ = list_segments(fs, directory)
+    begin = find_start(fs, directory, listed)
+    lowest = begin.base.index if begin.base is not None else 0
+    for index, name in reversed(listed):
+        if index < lowest:
+            break
+        first = first_record(fs, directory, name)
+        if first is not None and choose(first[1]):
+            return first[0]
+    return 0
+
+
 def recover(fs: FileSystem, directory: str, mode: str, replay: Replay | None, *,
-            writable: bool) -> Recovered:
-    """Scan the whole log (feeding `replay`), then, if writable, cut a torn tail aside."""
+            writable: bool, start: ReplayStart | None = None) -> Recovered:
+    """Scan the log (feeding `replay`), then, if writable, cut a torn tail aside. With
+    `start`, the scan begins at the segment `replay_start` picks: sealed segments before it
+    are checked by their header and seal alone (the chain), their records not read."""
     if writable:
         for name in check_for_writer(fs, directory):
             # A rotation died before its rename: the file holds a header and nothing else.
             fs.unlink(os.path.join(directory, name))
             fs.sync_dir(directory)
-    scan = LogScan(directory, mode=mode, fs=fs)
+    start_seq = replay_start(fs, directory, start) if start is not None else 0
+    scan = LogScan(directory, mode=mode, fs=fs, start_seq=start_seq)
     # Consumed at C speed: on open, this loop runs once per record of the whole log.
     deque(scan if replay is None else starmap(replay, scan), maxlen=0)
     last = scan.last

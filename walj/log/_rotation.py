@@ -90,6 +90,15 @@ class Rotation(Durability):
             self._fs.close(fd)
         return digest
 
+    def rotate(self) -> None:
+        """Seal the active segment (the seal synced, which makes every record in it durable)
+        and start the next, so the next record appended begins a segment. Does nothing when
+        the active segment holds no record yet. Raises as an append would."""
+        with self._lock:
+            self._ready()
+            if self._segment_records:
+                self._rotate(force=True)
+
     def _rotate(self, *, force: bool = False) -> None:
         """Seal the active segment and start the next one. Called with the lock held."""
         while self._syncing:

@@ -1,0 +1,361 @@
+"""Checkpoints: the recovery state written as `checkpoint` records, and read back, so that a
+rebuild starts at the last checkpoint instead of the first record. Standard library only (the
+forensic tool reads them too). The record's fields are in docs/RECOVERY.md, "Checkpoints"."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+import secrets
+import zlib
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict
+from typing import Any
+
+from .. import _codec
+from ..errors import CorruptionError, RecordTooLargeError
+from . import _records as r
+from ._decode import decode_record, show, turn_number
+from ._openwork import OpenExecution, OpenTurn
+from ._records import Cut, Resolution
+
+# The state is a _recovery.RecoveryState, typed `Any` here: that module imports this one.
+RecoveryState = Any
+
+# Resolutions carried beyond those of turns still open: the newest, for the recovery view.
+CARRIED_RESOLUTIONS = 1000
+# Stored outputs carried for replay, newest first; an older settled call is carried without
+# its output, and a re-dispatch of it is refused (never run again).
+CARRIED_OUTPUT_BYTES = 16 * 2**20
+# What a part's own fields take beside its items.
+_ENVELOPE = 512
+_FILTER_CHUNK = 256 * 1024  # compressed filter bytes per item
+_ID = re.compile(r"[0-9a-f]{32}")
+_PART0 = re.compile(rb'\{"kind":"checkpoint","version":[0-9]+,"checkpoint_id":"([0-9a-f]{32})",'
+                    rb'"part":0,')
+
+
+class IncompleteCheckpointError(CorruptionError):
+    """A rebuild that started at a checkpoint found it cut short (a crash while it was being
+    written): the journal then starts from an earlier one."""
+
+    def __init__(self, message: str, checkpoint_id: str, seq: int | None) -> None:
+        super().__init__(message, seq=seq, kind="incomplete_checkpoint")
+        self.checkpoint_id = checkpoint_id
+
+
+def first_part_id(data: bytes) -> str | None:
+    """The checkpoint id when `data` (a record's first bytes) begins a checkpoint."""
+    found = _PART0.match(data)
+    return found.group(1).decode() if found else None
+
+
+# --- writing -------------------------------------------------------------------------------------
+
+def _text(record: Mapping[str, Any] | bytes) -> str:
+    """A record carried inside another as its JSON text: nesting stays what the log allows."""
+    data = record if isinstance(record, bytes) else _codec.encode(dict(record))
+    return data.decode("utf-8")
+
+
+def _items(state: RecoveryState,
+           settling: Mapping[str, tuple[dict[str, Any], int]]) -> Iterator[dict[str, Any]]:
+    open_turns = set(state.turn_stack)
+    kept = [res for res in state.resolutions if res.turn_sequence in open_turns]
+    newest = state.resolutions[-CARRIED_RESOLUTIONS:]
+    carried = {id(res) for res in kept} | {id(res) for res in newest}
+    filter_bits = state.calls.filter_bytes()
+    yield {"item": "summary", "covers_records": state.records, "covers_seq": state.last_seq,
+           "session_id": state.session_id, "ended_seq": state.ended_seq,
+           "max_turn": state.max_turn, "paired_turn": state.paired_turn,
+           "turn_stack": list(state.turn_stack), "turn_starts": list(state.turn_starts),
+           "blocking_llm_calls": sorted(state.blocking_llm_calls),
+           "replay_window": state.calls.window, "forgotten_calls": filter_bits is not None}
+    for sequence in state.turn_stack:
+        turn = state.turns[sequence]
+        yield {"item": "turn", "turn_sequence": sequence, "seq": turn.seq,
+               "started_at": turn.started_at, "started": turn.started,
+               "unfinished": turn.unfinished, "resolved": turn.resolved}
+    for execution_id, execution in state.executions.items():
+        raw = execution._raw
+        yield {"item": "execution", "execution_id": execution_id, "seq": execution.seq,
+               "turn": execution.turn,
+               "open_turn_seq": execution.open_turn.seq if execution.open_turn else None,
+               "state": execution.state, "error_type": execution.error_type,
+               "reconcile_error": execution.reconcile_error,
+               "started": _text(raw if raw is not None else execution.record)}
+    for call_id, (started, seq) in state.llm_calls.items():
+        yield {"item": "llm_call", "llm_call_id": call_id, "seq": seq, "started": _text(started)}
+    for cut in state.cuts.cuts.values():
+        yield {"item": "cut", **asdict(cut)}
+    for res in state.resolutions:
+        if id(res) in carried:
+            fields = asdict(res)
+            fields["resolution_kind"] = fields.pop("kind")
+            yield {"item": "resolution", **fields}
+    budget = CARRIED_OUTPUT_BYTES
+    settled: list[dict[str, Any]] = []
+    for call_id, (sha, _) in reversed(state.calls.settled.items()):
+        record, seq = settling[call_id]
+        if "output" in record and record.get("kind") == r.FINISHED:
+            size = len(_codec.encode(record["output"]))
+            if size > budget:
+                record = {k: v for k, v in record.items() if k != "output"}
+                record["output_not_stored"] = r.OUTPUT_DROPPED
+            else:
+                budget -= size
+        settled.append({"item": "settled_call", "call_id": call_id, "arguments_sha256": sha,
+                        "settled_seq": seq, "settling": _text(record)})
+    yield from reversed(settled)
+    if filter_bits is not None:
+        packed = zlib.compress(filter_bits, 6)
+        for offset in range(0, len(packed), _FILTER_CHUNK):
+            yield {"item": "forgotten_calls", "offset": offset,
+                   "zlib_base64": base64.b64encode(packed[offset:offset + _FILTER_CHUNK]).decode()}
+
+
+def build_parts(state: RecoveryState, settling: Mapping[str, tuple[dict[str, Any], int]],
+                record_limit: int, at: float) -> list[dict[str, Any]]:
+    """The records of a checkpoint of `state`, each within `record_limit` bytes. `settling`:
+    for each call id in the replay index, the record that settled it (a terminal record or a
+    resolution) and its seq. RecordTooLargeError, nothing written, when one item alone would
+    not fit a record."""
+    budget = record_limit - _ENVELOPE
+    groups: list[list[dict[str, Any]]] = [[]]
+    size = 0
+    for item in _items(state, settling):
+        length = len(_codec.encode(item)) + 1
+        if length > budget:
+            raise RecordTooLargeError(
+                f"a checkpoint cannot carry {item['item']} "
+                f"{item.get('execution_id') or item.get('call_id') or ''}: {length} bytes, "
+                f"more than a record of max_record_bytes {record_limit} leaves room for")
+        if size + length > budget and groups[-1]:
+            groups.append([])
+            size = 0
+        groups[-1].append(item)
+        size += length
+    checkpoint_id = secrets.token_hex(16)
+    return [{"kind": r.CHECKPOINT, "version": r.CONTRACT_VERSION,
+             "checkpoint_id": checkpoint_id, "part": part, "parts": len(groups), "at": at,
+             "items": items} for part, items in enumerate(groups)]
+
+
+def settling_record(record: Mapping[str, Any], call_id: str) -> tuple[dict[str, Any], int] | None:
+    """When `record` is a checkpoint part: the settling record it carries for `call_id`, and
+    the seq that record had; None when it carries none."""
+    items = record.get("items")
+    for item in items if isinstance(items, list) else ():
+        if (isinstance(item, dict) and item.get("item") == "settled_call"
+                and item.get("call_id") == call_id):
+            settled_seq = item.get("settled_seq")
+            carried = _decoded(item, "settling", 0)
+            if type(settled_seq) is int:
+                return carried, settled_seq
+    return None
+
+
+# --- reading -------------------------------------------------------------------------------------
+
+def _bad(seq: int, why: str) -> CorruptionError:
+    return CorruptionError(f"journal record {seq} (checkpoint) {why}", seq=seq,
+                           kind="journal_record")
+
+
+def _get(item: Mapping[str, Any], key: str, seq: int, check: Callable[[Any], bool],
+         what: str) -> Any:
+    value = item.get(key)
+    if not check(value):
+        raise _bad(seq, f"has {item.get('item')} {key} {show(value)}, not {what}")
+    return value
+
+
+def _int(value: Any) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _opt_int(value: Any) -> bool:
+    return value is None or _int(value)
+
+
+def _str(value: Any) -> bool:
+    return isinstance(value, str) and bool(value)
+
+
+def _opt_str(value: Any) -> bool:
+    return value is None or isinstance(value, str)
+
+
+def _opt_time(value: Any) -> bool:
+    return value is None or type(value) in (int, float)
+
+
+def _ints(value: Any) -> bool:
+    return isinstance(value, list) and all(_int(v) for v in value)
+
+
+def _decoded(item: Mapping[str, Any], key: str, seq: int) -> dict[str, Any]:
+    text = _get(item, key, seq, _str, "a record's JSON text")
+    try:
+        record = decode_record(text.encode("utf-8", "surrogatepass"))
+    except ValueError as exc:
+        raise _bad(seq, f"carries a {key} record that is not JSON: {exc}") from None
+    if not isinstance(record, dict):
+        raise _bad(seq, f"carries a {key} record that is not a JSON object")
+    return record
+
+
+def header(seq: int, record: Mapping[str, Any]) -> tuple[str, int, int, list[Any]]:
+    """(checkpoint id, part, parts, items) of a checkpoint record, checked."""
+    checkpoint_id = _get(record, "checkpoint_id", seq, lambda v: isinstance(v, str)
+                         and _ID.fullmatch(v) is not None, "32 hex digits")
+    parts = _get(record, "parts", seq, lambda v: _int(v) and v >= 1, "a count")
+    part = _get(record, "part", seq, lambda v: _int(v) and v < parts, f"a part below {parts}")
+    items = _get(record, "items", seq, lambda v: isinstance(v, list)
+                 and all(isinstance(i, dict) for i in v), "a list of objects")
+    return checkpoint_id, part, parts, items
+
+
+class CheckpointLoad:
+    """A rebuild starting at a checkpoint: its parts, applied to a fresh state in order."""
+
+    def __init__(self, checkpoint_id: str, parts: int, first_seq: int,
+                 restartable: bool) -> None:
+        self.checkpoint_id = checkpoint_id
+        # Begun after seq 1: if it was cut short, the rebuild waits for a later one.
+        self.restartable = restartable
+        self.parts = parts
+        self.next_part = 0
+        self.first_seq = first_seq
+        self.links: list[tuple[OpenExecution, int]] = []
+        self.filter = bytearray()
+        self.wants_filter = False
+
+    def incomplete(self, seq: int | None) -> IncompleteCheckpointError:
+        return IncompleteCheckpointError(
+            f"checkpoint {self.checkpoint_id} (from record {self.first_seq}) ends after "
+            f"{self.next_part} of its {self.parts} parts", self.checkpoint_id, seq)
+
+    def apply(self, state: RecoveryState, seq: int, part: int, items: list[Any]) -> None:
+        for item in items:
+            kind = item.get("item")
+            if part == 0 and item is items[0]:
+                if kind != "summary":
+                    raise _bad(seq, "does not begin with its summary")
+                self._summary(state, seq, item)
+                continue
+            load = _LOADERS.get(kind) if isinstance(kind, str) else None
+            if load is None:
+                raise _bad(seq, f"has an item of unknown kind {show(kind)}")
+            load(self, state, seq, item)
+        self.next_part = part + 1
+
+    def finish(self, state: RecoveryState, seq: int) -> None:
+        if sorted(state.turns) != sorted(state.turn_stack):
+            raise _bad(seq, "does not carry each of its open turns once")
+        for execution, turn_seq in self.links:
+            turn = state.turns.get(execution.turn) if execution.turn is not None else None
+            if turn is not None and turn.seq == turn_seq:
+                execution.open_turn = turn
+        if self.wants_filter:
+            try:
+                state.calls.load_filter(zlib.decompress(bytes(self.filter)))
+            except (zlib.error, ValueError) as exc:
+                raise _bad(seq, f"carries a filter that cannot be read: {exc}") from None
+        state.top = state.turns[state.turn_stack[-1]] if state.turn_stack else None
+
+    def _summary(self, state: RecoveryState, seq: int, item: Mapping[str, Any]) -> None:
+        state.records = _get(item, "covers_records", seq, _int, "a count") + 1
+        state.session_id = _get(item, "session_id", seq, _opt_str, "a string")
+        state.ended_seq = _get(item, "ended_seq", seq, _opt_int, "a seq")
+        state.max_turn = _get(item, "max_turn", seq, _int, "a turn number")
+        state.paired_turn = _get(item, "paired_turn", seq, _opt_int, "a turn number")
+        stack = _get(item, "turn_stack", seq, _ints, "a list of turn numbers")
+        state.turn_stack = list(stack)
+        state.turn_starts.extend(_get(item, "turn_starts", seq, _ints, "a list of seqs"))
+        blocking = _get(item, "blocking_llm_calls", seq, lambda v: isinstance(v, list)
+                        and all(_str(c) for c in v), "a list of ids")
+        state.blocking_llm_calls = set(blocking)
+        self.wants_filter = _get(item, "forgotten_calls", seq, lambda v: type(v) is bool,
+                                 "a boolean")
+
+    def _turn(self, state: RecoveryState, seq: int, item: Mapping[str, Any]) -> None:
+        sequence = _get(item, "turn_sequence", seq, lambda v: turn_number(v) is not None,
+                        "a turn number")
+        if sequence not in state.turn_stack or sequence in state.turns:
+            raise _bad(seq, f"carries turn {sequence}, not one of its open turns once")
+        turn = OpenTurn(sequence, _get(item, "seq", seq, _int, "a seq"),
+                        _get(item, "started_at", seq, _opt_time, "a time"))
+        turn.started = _get(item, "started", seq, _int, "a count")
+        turn.unfinished = _get(item, "unfinished", seq, _int, "a count")
+        turn.resolved = _get(item, "resolved", seq, lambda v: type(v) is bool, "a boolean")
+        state.turns[sequence] = turn
+
+    def _execution(self, state: RecoveryState, seq: int, item: Mapping[str, Any]) -> None:
+        execution_id = _get(item, "execution_id", seq, _str, "an id")
+        execution = OpenExecution(_decoded(item, "started", seq),
+                                  _get(item, "seq", seq, _int, "a seq"),
+                                  _get(item, "turn", seq, _opt_int, "a turn number"))
+        execution.state = _get(item, "state", seq, _str, "a state")
+        execution.error_type = _get(item, "error_type", seq, _opt_str, "a string")
+        execution.reconcile_error = _get(item, "reconcile_error", seq, _opt_str, "a string")
+        linked = _get(item, "open_turn_seq", seq, _opt_int, "a seq")
+        if linked is not None:
+            self.links.append((execution, linked))
+        state.executions[execution_id] = execution
+
+    def _llm_call(self, state: RecoveryState, seq: int, item: Mapping[str, Any]) -> None:
+        call_id = _get(item, "llm_call_id", seq, _str, "an id")
+        state.llm_calls[call_id] = (_decoded(item, "started", seq),
+                                    _get(item, "seq", seq, _int, "a seq"))
+
+    def _cut(self, state: RecoveryState, seq: int, item: Mapping[str, Any]) -> None:
+        cut = Cut(_get(item, "quarantine_file", seq, _str, "a name"),
+                  _get(item, "segment", seq, _str, "a name"),
+                  _get(item, "offset", seq, _int, "an offset"),
+                  _get(item, "length", seq, _int, "a length"),
+                  _get(item, "kind", seq, _str, "a kind"),
+                  _get(item, "records", seq, _int, "a count"),
+                  _get(item, "explained", seq, lambda v: type(v) is bool, "a boolean"),
+                  _get(item, "reason", seq, _opt_str, "a string"),
+                  _get(item, "seq", seq, _int, "a seq"),
+                  _get(item, "resolved", seq, lambda v: type(v) is bool, "a boolean"))
+        state.cuts.cuts[cut.quarantine_file] = cut
+        if not cut.explained and not cut.resolved:
+            state.cuts.damage[cut.quarantine_file] = cut
+
+    def _resolution(self, state: RecoveryState, seq: int, item: Mapping[str, Any]) -> None:
+        state.resolutions.append(Resolution(
+            _get(item, "resolution_kind", seq, _str, "a kind"),
+            _get(item, "execution_id", seq, _opt_str, "an id"),
+            _get(item, "turn_sequence", seq, _opt_int, "a turn number"),
+            _get(item, "tool", seq, _opt_str, "a name"),
+            _get(item, "outcome", seq, _str, "an outcome"),
+            _get(item, "actor", seq, _str, "an actor"),
+            _get(item, "note", seq, _opt_str, "a note"),
+            _get(item, "at", seq, _opt_time, "a time"),
+            _get(item, "seq", seq, _int, "a seq"), item.get("output")))
+
+    def _settled_call(self, state: RecoveryState, seq: int, item: Mapping[str, Any]) -> None:
+        _get(item, "settling", seq, _str, "a record's JSON text")  # decoded when replayed
+        _get(item, "settled_seq", seq, _int, "a seq")
+        state.calls.settle(_get(item, "call_id", seq, _str, "a call id"),
+                           _get(item, "arguments_sha256", seq, _str, "a digest"), seq)
+
+    def _forgotten(self, state: RecoveryState, seq: int, item: Mapping[str, Any]) -> None:
+        offset = _get(item, "offset", seq, lambda v: v == len(self.filter), "the next offset")
+        del offset
+        try:
+            self.filter += base64.b64decode(_get(item, "zlib_base64", seq, _opt_str, "text"),
+                                            validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise _bad(seq, f"carries filter bytes that are not base64: {exc}") from None
+
+
+_LOADERS: dict[str, Callable[[CheckpointLoad, RecoveryState, int, Mapping[str, Any]], None]] = {
+    "turn": CheckpointLoad._turn, "execution": CheckpointLoad._execution,
+    "llm_call": CheckpointLoad._llm_call, "cut": CheckpointLoad._cut,
+    "resolution": CheckpointLoad._resolution, "settled_call": CheckpointLoad._settled_call,
+    "forgotten_calls": CheckpointLoad._forgotten,
+}

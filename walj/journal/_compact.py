@@ -1,0 +1,147 @@
+"""Writing checkpoints, and compaction: a checkpoint, then the sealed segments before it
+dropped (shipped to an archive first when asked). The journal side of docs/RECOVERY.md,
+"Checkpoints" and "Compaction"."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
+
+from ..errors import CorruptionError, RecordTooLargeError, WaljError
+from ..log import Record, read
+from . import _records as rc
+from . import _writes
+from ._checkpoint import build_parts, settling_record
+from ._recovery import MAX_KEEP_TURNS
+
+if TYPE_CHECKING:
+    from ._core import Core
+
+# Ships a session's sealed segments to an archive URL and returns the names of those whose
+# archived copy was read back whole and matched: set by walj.archive when it is imported (it
+# lies above the journal, which never imports it).
+Archiver = Callable[[str, str, "dict[str, Any] | None"], "set[str]"]
+_archiver: list[Archiver] = []
+
+
+def register_archiver(archiver: Archiver) -> None:
+    _archiver[:] = [archiver]
+
+
+@dataclass(frozen=True)
+class CompactReport:
+    """What `ToolJournal.compact` did."""
+
+    checkpoint_seq: int  # the first record of the checkpoint written
+    first_seq: int  # the log's first record now
+    dropped_segments: int  # segment files deleted
+    archived: tuple[str, ...] = ()  # segments whose archived copy was verified (archive=)
+    archive_url: str | None = None
+
+
+def _settling(core: Core) -> dict[str, tuple[dict[str, Any], int]]:
+    """With write_lock held: each settled call's settling record and its seq, read back from
+    the log in one pass from the oldest (a checkpoint part, for calls a checkpoint carried)."""
+    with core.lock:
+        wanted: dict[int, list[str]] = {}
+        for call_id, (_, seq) in core.state.calls.settled.items():
+            wanted.setdefault(seq, []).append(call_id)
+    found: dict[str, tuple[dict[str, Any], int]] = {}
+    if not wanted:
+        return found
+    records = cast("Generator[Record, None, None]",
+                   read(core.log.path, min(wanted), **core.read_options))
+    try:
+        for record in records:
+            call_ids = wanted.pop(record.seq, None)
+            if call_ids is not None and isinstance(record.data, dict):
+                for call_id in call_ids:
+                    if record.data.get("kind") == rc.CHECKPOINT:
+                        carried = settling_record(record.data, call_id)
+                        if carried is not None:
+                            found[call_id] = carried
+                    else:
+                        found[call_id] = (record.data, record.seq)
+            if not wanted:
+                break
+    finally:
+        records.close()
+    missing = [c for c in core.state.calls.settled if c not in found]
+    if missing:
+        raise CorruptionError(f"the record that settled call id {missing[0]!r} could not be "
+                              "read back for a checkpoint", kind="journal_record")
+    return found
+
+
+def checkpoint(core: Core) -> int:
+    """Write a checkpoint of the journal's state at the start of a new segment, each part
+    durable, and return the seq of its first record. RecordTooLargeError, nothing written,
+    when an item (an open execution with large stored arguments) cannot fit a record."""
+    with core.write_lock:
+        core.check_open()
+        core.write_settlements()
+        parts = build_parts(core.state, _settling(core), core.record_limit, _writes.now())
+        core.log.rotate()  # so the checkpoint begins a segment, where an open looks for it
+        first = 0
+        for part in parts:
+            seq = core.write(part, durable=True)
+            first = first or seq
+        return first
+
+
+def checkpoint_if_due(core: Core) -> None:
+    """Before a turn starts: a checkpoint once `checkpoint_every` records were written since
+    the last one. One whose item cannot fit a record is skipped (the next turn tries again)."""
+    every = core.checkpoint_every
+    if every is None or core.state.records - core.state.checkpointed_records < every:
+        return
+    try:
+        checkpoint(core)
+    except RecordTooLargeError:
+        core.state.checkpointed_records = core.state.records
+
+
+def compact(core: Core, keep_turns: int, archive: str | os.PathLike[str] | None,
+            storage_options: dict[str, Any] | None) -> CompactReport:
+    """Checkpoint, then drop every sealed segment before the checkpoint that holds none of
+    the last `keep_turns` turns' records. With `archive`, every segment to drop is first
+    shipped and its copy verified; one that was not is kept, with the ones after it."""
+    if type(keep_turns) is not int or not 0 <= keep_turns <= MAX_KEEP_TURNS:
+        raise ValueError(f"keep_turns must be an int from 0 to {MAX_KEEP_TURNS}, not "
+                         f"{keep_turns!r}")
+    if archive is not None and not _archiver:
+        raise WaljError("compact(archive=...) needs walj.archive, which `import walj` loads")
+    with core.write_lock:
+        core.check_between_turns("compacting")
+        first = checkpoint(core)
+        keep_from = first
+        starts = core.state.turn_starts
+        if keep_turns:
+            # Fewer turns remembered than asked for: every turn is remembered, keep them all.
+            keep_from = (min(first, starts[-keep_turns]) if len(starts) >= keep_turns
+                         else core.log.first_seq)
+        verified: set[str] = set()
+        url = None
+        if archive is not None:
+            url = os.fspath(archive)
+            verified = _archiver[0](os.fspath(core.log.path), url, storage_options)
+            keep_from = min(keep_from, _first_unarchived(core, verified))
+        dropped = 0
+        try:
+            if keep_from > core.log.first_seq:
+                dropped = core.log.drop_before(keep_from)
+        finally:
+            # The live replay index named the records just dropped; rebuilt from the files, it
+            # names the checkpoint that carries them (and an interrupt changes nothing).
+            core.resync()
+        return CompactReport(first, core.log.first_seq, dropped, tuple(sorted(verified)), url)
+
+
+def _first_unarchived(core: Core, verified: set[str]) -> int:
+    """The first seq of the oldest local segment whose archived copy was not verified."""
+    for name, first_seq in core.log.segments():
+        if name not in verified:
+            return first_seq
+    return core.log.last_seq + 1
