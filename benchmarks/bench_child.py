@@ -4,6 +4,8 @@ Usage: bench_child.py COMMAND ARGS...; prints one JSON object on stdout.
   build-log DIR DB N       write N records to a walj log and the same rows to SQLite (unsynced)
   build-journal DIR DB N   write a journal of about N records (fsync disabled), same rows to SQLite
   log-open DIR             time Log.open + close (checksums, no JSON), then walj.read (decoded)
+  checkpoint-journal SRC DST N   copy the journal SRC to DST, write a checkpoint, then about
+                           N records after it (fsync disabled)
   journal-open DIR         time ToolJournal.open (state rebuilt) + close, then Log.open + close
                            of the same directory (its checksum scan alone)
   sqlite-scan DB           time SELECT of every row (no decode), then SELECT + decode, with the
@@ -57,7 +59,9 @@ def build_journal(path: Path, db: Path, n: int) -> dict[str, Any]:
     per_turn = 10
 
     def fill(target: Path, turns: int) -> None:
-        journal = walj.ToolJournal.open(target, tools={"noop": _noop}, sync="never")
+        # No automatic checkpoints: "journal open" times a rebuild from the first record.
+        journal = walj.ToolJournal.open(target, tools={"noop": _noop}, sync="never",
+                                        **_no_checkpoints(walj))
         try:
             for t in range(turns):
                 with journal.turn() as turn:
@@ -77,6 +81,43 @@ def build_journal(path: Path, db: Path, n: int) -> dict[str, Any]:
 
     sqlite_fixture(db, rows())
     return {"records": sum(1 for _ in walj.read(path)), "records_per_turn": per}
+
+
+def _no_checkpoints(walj: Any) -> dict[str, Any]:
+    """The open option that turns automatic checkpoints off, where walj has them."""
+    import inspect
+
+    params = inspect.signature(walj.ToolJournal.open).parameters
+    return {"checkpoint_every": None} if "checkpoint_every" in params else {}
+
+
+def checkpoint_journal(src: Path, dst: Path, n: int) -> dict[str, Any]:
+    """A copy of `src` with a checkpoint at its end, then about `n` more records."""
+    import shutil
+
+    os.fsync = lambda fd: None  # building only, as in build_journal
+    if hasattr(os, "fdatasync"):
+        os.fdatasync = lambda fd: None
+    walj = import_walj()
+    assert walj is not None
+    if dst.exists():
+        shutil.rmtree(dst)
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("LOCK*"))
+    journal = walj.ToolJournal.open(dst, tools={"noop": _noop}, sync="never",
+                                    **_no_checkpoints(walj))
+    try:
+        before = journal.recovery.records
+        journal.checkpoint()
+        t = 0
+        while journal.recovery.records - before < n:
+            with journal.turn() as turn:
+                for k in range(10):
+                    turn.dispatch("noop", {"turn": t, "k": k, "q": "x" * 64})
+            t += 1
+        after = journal.recovery.records - before
+    finally:
+        journal.close()
+    return {"records_before": before, "records_after": after}
 
 
 def log_open(path: Path) -> dict[str, Any]:
@@ -160,6 +201,8 @@ def main(argv: list[str]) -> int:
         out = build_log(Path(args[0]), Path(args[1]), int(args[2]))
     elif cmd == "build-journal":
         out = build_journal(Path(args[0]), Path(args[1]), int(args[2]))
+    elif cmd == "checkpoint-journal":
+        out = checkpoint_journal(Path(args[0]), Path(args[1]), int(args[2]))
     elif cmd == "log-open":
         out = log_open(Path(args[0]))
     elif cmd == "journal-open":

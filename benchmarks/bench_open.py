@@ -129,7 +129,44 @@ def open_measures(
                 "rec/s",
                 _child_measure(["sqlite-scan", str(jdb)], env, jn),
             )
+    measures.update(checkpoint_measures(cfg, fx, walj))
     return measures
+
+
+# The session an open with a checkpoint is compared with: this many records, no checkpoint;
+# the checkpointed one has the largest open size before its checkpoint and this many after.
+AFTER_CHECKPOINT = 1_000
+
+
+def checkpoint_measures(
+    cfg: Config, fx: Fixtures, walj: ModuleType | None
+) -> dict[str, tuple[str, Measure | str]]:
+    """Opens per second of a journal with the largest open size's records before its last
+    checkpoint and AFTER_CHECKPOINT after it, and of a journal of AFTER_CHECKPOINT records."""
+    no_journal = journal_missing(walj)
+    if no_journal or walj is None or not hasattr(walj.ToolJournal, "checkpoint"):
+        why = no_journal or "this walj has no checkpoints"
+        return {"journal-open-checkpointed": ("opens/s", why),
+                "journal-open-small": ("opens/s", why)}
+    n = cfg.open_sizes[-1]
+    src, _, _ = fx.journal(n)
+    dst = fx.root / f"journal-{n}-checkpointed"
+    t0 = time.perf_counter()
+    built = run_child(["checkpoint-journal", str(src), str(dst), str(AFTER_CHECKPOINT)], fx.env)
+    fx.say(f"  checkpointed a copy of it ({built['records_after']:,} records after) in "
+           f"{time.perf_counter() - t0:.1f} s")
+    small, _, _ = fx.journal(AFTER_CHECKPOINT)
+
+    def opens(path: Path) -> Measure:
+        def measure(_d: Path) -> Sample:
+            out = run_child(["journal-open", str(path)], fx.env)
+            sample = Sample(value=1.0 / out["open_s"], ops=1, seconds=out["open_s"])
+            sample.extra["rss_mb"] = out["rss_open"] / 1e6
+            return sample
+        return measure
+
+    return {"journal-open-checkpointed": ("opens/s", opens(dst)),
+            "journal-open-small": ("opens/s", opens(small))}
 
 
 def derived(series: Series, key: str, unit: str) -> Series:

@@ -265,4 +265,4 @@ def test_recovery_and_fingerprint_need_only_the_standard_library(tmp_path: Path)
         "walj", "walj.journal", "walj.journal._recovery", "walj.journal._records",
         "walj.journal._damage", "walj.journal._decode", "walj.journal._fingerprint",
         "walj.journal._callindex", "walj.journal._openwork", "walj.journal._checkpoint",
-        "walj._codec", "walj.errors"]))
+        "walj.journal._snapshot", "walj._codec", "walj.errors"]))

@@ -18,12 +18,13 @@ Modules: _records (record kinds, field names, the recovery types), _writes (ever
 journal writes, built in one place), _decode (reading one untrusted record), _fingerprint
 (digests and previews), _damage (which cuts a crash explains), _openwork (what the rebuild holds
 open), _callindex (the bounded index of settled call ids), _recovery (the rebuild), _checkpoint
-(the state as checkpoint records, and back), _compact (writing checkpoints; compaction), _tools
-(tools, contexts, results), _core (the locked writer and the live-state table: the one object
-Turn, LLMCall and resolution talk to), _aio (blocking steps from asyncio), _replay (answering a
-settled call id from its record), _turn (turns and dispatch), _llm (LLM-call brackets), _resolve
-(resolutions and policies), _observe (the observer hook: tracing and metrics), _sessions
-(session ids to directory names), _journal (ToolJournal).
+(the state as checkpoint records, and back), _snapshot (the recovery view), _compact (writing
+checkpoints; compaction), _tools (tools, contexts, results), _core (the locked writer and the
+live-state table: the one object Turn, LLMCall and resolution talk to), _aio (blocking steps
+from asyncio), _replay (answering a settled call id from its record), _turn (turns and
+dispatch), _llm (LLM-call brackets), _resolve (resolutions and policies), _observe (the observer
+hook: tracing and metrics), _sessions (session ids to directory names), _opening (the log opened
+from its last checkpoint), _journal (ToolJournal).
 """
 
 from __future__ import annotations

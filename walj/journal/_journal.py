@@ -12,10 +12,8 @@ from types import MappingProxyType, TracebackType
 from typing import Any
 
 from ..errors import UnknownToolError, WaljError
-from ..log import Log
 from . import _compact, _resolve
 from ._callindex import DEFAULT_REPLAY_WINDOW
-from ._checkpoint import IncompleteCheckpointError, first_part_id
 from ._compact import CompactReport
 from ._core import Core
 from ._fingerprint import (
@@ -29,7 +27,8 @@ from ._fingerprint import (
 )
 from ._llm import LLMCall
 from ._observe import ToolObserver, check_observers
-from ._recovery import Recovery, RecoveryState, Resolution
+from ._opening import open_log
+from ._recovery import Recovery, Resolution
 from ._sessions import check_session_id, directory_name
 from ._tools import Tool, error_result, invoke, lookup, normalise_calls, tools_from
 from ._turn import Turn
@@ -106,7 +105,7 @@ class ToolJournal:
                 max_stored_output_bytes, output_preview_chars,
                 log_options.get("max_record_bytes", DEFAULT_MAX_RECORD_BYTES))
         redactor = Redactor(redact_keys)
-        log, state = _open_log(path, replay_window, log_options)
+        log, state = open_log(path, replay_window, log_options)
         try:
             core = Core(
                 log, state, registry,
@@ -392,67 +391,6 @@ class ToolJournal:
         except WaljError:
             if exc is None:
                 raise  # else the exception in flight (often the cause) goes on unmasked
-
-
-def _open_log(path: str | os.PathLike[str], replay_window: int,
-              log_options: dict[str, Any]) -> tuple[Log, RecoveryState]:
-    """Open the log, rebuilding the state from its last complete checkpoint (or its first
-    record). A checkpoint a crash cut short is passed over for the one before it."""
-    passed_over: set[str] = set()
-    chosen: list[str] = []
-
-    def starts_here(data: bytes) -> bool:
-        checkpoint_id = first_part_id(data)
-        if checkpoint_id is None or checkpoint_id in passed_over:
-            return False
-        chosen.append(checkpoint_id)
-        return True
-
-    while True:
-        state = RecoveryState(replay_window)
-        chosen.clear()
-        try:
-            log = Log.open(path, _replay=state.feed_json, _replay_start=starts_here,
-                           **log_options)
-        except IncompleteCheckpointError as exc:
-            if exc.checkpoint_id in passed_over:
-                raise
-            passed_over.add(exc.checkpoint_id)
-            continue
-        try:
-            passed = _passed_over(log, state, chosen, passed_over)
-            if passed is None:
-                return log, state
-        except BaseException:
-            _close_quietly(log)
-            raise
-        try:  # no line between the two tries: an interrupt lands in one of them
-            passed_over.add(passed)
-        finally:
-            _close_quietly(log)
-
-
-def _passed_over(log: Log, state: RecoveryState, chosen: list[str],
-                 passed_over: set[str]) -> str | None:
-    """The checkpoint the open began at, when the state could not be taken from it (a crash
-    cut it short): the next try passes it over. None when the state is whole."""
-    if state.loading is None and not state.awaiting:
-        return None
-    if chosen and chosen[-1] not in passed_over:
-        return chosen[-1]
-    if log.first_seq > 1:
-        raise WaljError(f"{log.path} was compacted without a complete checkpoint after its "
-                        "base: a tool journal cannot know what the dropped segments held open, "
-                        "so it is not opened; read it with walj.read or `walj dump`")
-    state.snapshot()  # raises: the records began at a checkpoint cut short
-    return None
-
-
-def _close_quietly(log: Log) -> None:
-    try:
-        log.close()
-    except WaljError:
-        pass  # the open's own state, or the exception in flight, says more
 
 
 def handle_function_calls(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import re
 from collections import deque
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ..errors import CorruptionError, UnsupportedVersionError
@@ -22,6 +22,7 @@ from ._records import IncompleteTurn as IncompleteTurn
 from ._records import PendingLLMCall as PendingLLMCall
 from ._records import Recovery as Recovery
 from ._records import Resolution as Resolution
+from ._snapshot import RecoveryView, _opt_str, _time
 
 
 # Byte prefixes of the commonest records, read without a full decode; the journal writes
@@ -56,16 +57,7 @@ MAX_KEEP_TURNS = 1000
 _JSON_NUMBER = re.compile(rb"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 
 
-def _time(record: Mapping[str, Any]) -> float | None:
-    return time_of(record.get("at"))
-
-
-def _opt_str(record: Mapping[str, Any], key: str) -> str | None:
-    value = record.get(key)
-    return value if isinstance(value, str) else None
-
-
-class RecoveryState:
+class RecoveryState(RecoveryView):
     """Feed every record in log order (`feed` or `feed_json`), then take a `snapshot`.
 
     Memory is bounded by what is open: executions without a terminal record, turns without a
@@ -409,78 +401,6 @@ class RecoveryState:
     def _cut_resolved(self, seq: int, record: Mapping[str, Any]) -> None:
         outcome, actor = self._text(seq, record, "outcome"), self._text(seq, record, "actor")
         self.cuts.resolved(seq, record, outcome, actor, _opt_str(record, "note"), _time(record))
-
-    # --- reading --------------------------------------------------------------------------------
-
-    def is_blocked(self, *, live_executions: Collection[str] = (), live_turn: int | None = None,
-                   live_llm_calls: Collection[str] = (),
-                   block_on_pending_llm_calls: bool = False) -> bool:
-        """The cheap form of `snapshot(...).blocked`, for every dispatch."""
-        if self.cuts.damage or len(self.executions) > len(live_executions):
-            return True
-        if any(eid not in live_executions for eid in self.executions):
-            return True
-        blocking = self.llm_calls if block_on_pending_llm_calls else self.blocking_llm_calls
-        if any(c not in live_llm_calls for c in blocking):
-            return True
-        return any(s != live_turn and self.turns[s].interrupted for s in self.turn_stack)
-
-    def snapshot(self, *, live_executions: Collection[str] = (), live_turn: int | None = None,
-                 live_llm_calls: Collection[str] = (),
-                 block_on_pending_llm_calls: bool = False) -> Recovery:
-        """The recovery view. Work in flight in this process (`live_*`) is not a blocker.
-        IncompleteCheckpointError when the records began at a checkpoint and ended inside it."""
-        if self.loading is not None:
-            raise self.loading.incomplete(None)
-        if self.awaiting:
-            raise CorruptionError("the journal's records begin after seq 1 (a compacted log) "
-                                  "with no complete checkpoint to rebuild its state from",
-                                  kind="journal_record")
-        blockers = [self.blocker(eid) for eid in self.executions if eid not in live_executions]
-        incomplete: list[IncompleteTurn] = []
-        for sequence in self.turn_stack:
-            turn = self.turns[sequence]
-            if sequence == live_turn or turn.resolved:
-                continue
-            incomplete.append(IncompleteTurn(sequence, turn.started_at, turn.seq, turn.started > 0))
-            if turn.interrupted:
-                blockers.append(Blocker(None, None, None, r.STATE_INTERRUPTED_TURN, sequence,
-                                        None, None, started_at=turn.started_at, seq=turn.seq))
-        pending: list[PendingLLMCall] = []
-        for call_id, (record, seq) in self.llm_calls.items():
-            if call_id in live_llm_calls:
-                continue
-            call = PendingLLMCall(call_id, _opt_str(record, "model"),
-                                  turn_number(record.get("turn_sequence")), _time(record), seq,
-                                  _opt_str(record, "request_sha256"),
-                                  _opt_str(record, "request_preview"))
-            pending.append(call)
-            if block_on_pending_llm_calls or call_id in self.blocking_llm_calls:
-                blockers.append(Blocker(call_id, None, None, r.STATE_PENDING_LLM_CALL,
-                                        call.turn_sequence, call.request_sha256,
-                                        call.request_preview, started_at=call.started_at,
-                                        seq=seq))
-        blockers += self.cuts.blockers()
-        blockers.sort(key=lambda b: b.seq)
-        return Recovery(blocked=bool(blockers), blockers=tuple(blockers),
-                        incomplete_turns=tuple(incomplete), pending_llm_calls=tuple(pending),
-                        resolved=tuple(self.resolutions), records=self.records,
-                        last_seq=self.last_seq, cuts=tuple(self.cuts.cuts.values()),
-                        session_id=self.session_id, ended=self.ended_seq is not None)
-
-    def blocker(self, execution_id: str) -> Blocker:
-        """The blocker view of an open execution (KeyError if it is not open)."""
-        execution = self.executions[execution_id]
-        record = execution.record
-        return Blocker(
-            execution_id=execution_id, tool=_opt_str(record, "tool"),
-            call_id=_opt_str(record, "call_id"), state=execution.state,
-            turn_sequence=execution.turn, arguments_sha256=_opt_str(record, "arguments_sha256"),
-            arguments_preview=_opt_str(record, "arguments_preview"),
-            idempotency_key=_opt_str(record, "idempotency_key"), started_at=_time(record),
-            seq=execution.seq, error_type=execution.error_type,
-            reconcile_error=execution.reconcile_error, arguments=record.get("arguments"))
-
 
 def rebuild(records: Iterable[tuple[int, Any]],
             replay_window: int = DEFAULT_REPLAY_WINDOW) -> RecoveryState:
