@@ -1,0 +1,102 @@
+"""`journal.compact(archive=URL)` over s3:// (moto's S3 server) and file:// alike: the dropped
+segments are in the archive, verified, before they go; a blocker survives compaction, archival
+and a restart; an archive that fails or holds a bad copy keeps the local segments."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from archive_helpers import Archive
+from helpers import segments
+
+import walj
+from walj.journal import _records as rc
+
+
+def ok(**arguments: Any) -> dict[str, Any]:
+    return {"echo": arguments}
+
+
+def unknown(**arguments: Any) -> None:
+    raise walj.ToolOutcomeUnknown("connection lost after the request went out")
+
+
+OPTIONS: dict[str, Any] = {"tools": {"ok": ok, "send": unknown}, "store_outputs": True,
+                           "sync": "never", "segment_bytes": 2048, "checkpoint_every": None}
+
+
+def _session(path: Path) -> str:
+    """A journal with 20 settled calls, then a blocker; returns the blocker's execution id."""
+    with walj.ToolJournal.open(path, **OPTIONS) as journal:
+        for t in range(20):
+            with journal.turn() as turn:
+                turn.dispatch("ok", {"t": t}, call_id=f"call-{t}")
+        with pytest.raises(walj.ToolOutcomeUnknown), journal.turn() as turn:
+            turn.dispatch("send", {"to": "ann"})
+        (blocker,) = journal.recovery.blockers
+        assert blocker.execution_id is not None
+        return blocker.execution_id
+
+
+def test_compact_to_an_archive_then_restart(archive: Archive, tmp_path: Path) -> None:
+    path = tmp_path / "s"
+    execution_id = _session(path)
+    all_before = [(r.seq, r.data) for r in walj.read(path)]
+    with walj.ToolJournal.open(path, **OPTIONS) as journal:
+        log_id = journal.log_id
+        report = journal.compact(archive=archive.url)
+    assert report.archive_url == archive.url and report.dropped_segments > 0
+    archived = archive.names(log_id)
+    assert set(report.archived) == set(archived)
+    # Nothing before the base is local any more; all of it is in the archive, whole.
+    assert min(int(p.name[4:14]) for p in segments(path)) > 1
+    assert walj.verify(path, archive=archive.url).ok
+    joined = [(r.seq, r.data) for r in walj.read(path, archive=archive.url)]
+    assert joined[:len(all_before)] == all_before
+    # The blocker is carried by the checkpoint: it blocks after a restart, and resolves.
+    with walj.ToolJournal.open(path, **OPTIONS) as journal:
+        assert [b.execution_id for b in journal.recovery.blockers] == [execution_id]
+        journal.resolve(execution_id, "not_performed", actor="ann")
+        with journal.turn() as turn:
+            replayed = turn.dispatch("ok", {"t": 5}, call_id="call-5")
+        assert replayed.replayed and replayed.output == {"echo": {"t": 5}}
+    assert next(iter(walj.read(path))).data["kind"] == rc.CHECKPOINT
+
+
+def test_an_archive_that_fails_keeps_every_local_segment(tmp_path: Path) -> None:
+    path = tmp_path / "s"
+    _session(path)
+    before = sorted(p.name for p in segments(path))
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("a file where the archive should be")
+    with walj.ToolJournal.open(path, **OPTIONS) as journal:
+        with pytest.raises(NotADirectoryError):  # the store's own error, naming the path
+            journal.compact(archive=f"file://{blocker}")
+        assert journal.is_blocked()
+    # The checkpoint was written (it rotated), nothing was dropped.
+    assert set(before) <= {p.name for p in segments(path)}
+    assert not (path / "BASE").exists()
+    with walj.ToolJournal.open(path, **OPTIONS) as journal:
+        assert journal.is_blocked()
+
+
+def test_a_bad_archived_copy_is_replaced_before_anything_is_dropped(
+        archive: Archive, tmp_path: Path) -> None:
+    """An object already in the bucket with the right size but other bytes (edited there) is
+    not taken as the copy: compaction reads every copy back whole, so it ships it again."""
+    path = tmp_path / "s"
+    _session(path)
+    with walj.ToolJournal.open(path, **OPTIONS) as journal:
+        log_id = journal.log_id
+    walj.archive.ship(path, archive.url)
+    first = sorted(archive.names(log_id))[0]
+    data = bytearray(archive.get(f"{log_id}/{first}"))
+    at = data.index(b'"t":') + 4
+    data[at:at + 1] = b"9" if data[at:at + 1] != b"9" else b"8"
+    archive.put(f"{log_id}/{first}", bytes(data))
+    with walj.ToolJournal.open(path, **OPTIONS) as journal:
+        report = journal.compact(archive=archive.url)
+    assert first in report.archived and report.dropped_segments > 0
+    assert walj.verify(path, archive=archive.url).ok
