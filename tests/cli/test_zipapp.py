@@ -17,8 +17,11 @@ from cli_helpers import (
     REPO,
     flip_byte,
     forensic,
+    interrupted,
+    lookup,
     make_journal,
     make_plain_log,
+    send,
     snapshot,
     walj_cli,
 )
@@ -173,3 +176,34 @@ def test_a_compacted_log_verifies_and_dumps_from_its_base(zipapp: dict[str, Path
     marker.write_bytes(marker.read_bytes().replace(b'"first":', b'"first":9'))
     bad = forensic(zipapp, "verify", "--json", path)
     assert bad.code != 0 and "bad_base" in [p["kind"] for p in json.loads(bad.out)["problems"]]
+
+
+def test_a_compacted_journal_reads_the_same_in_the_library_and_the_zipapp(
+        zipapp: dict[str, Path], tmp_path: Path) -> None:
+    """keep_turns leaves records before the checkpoint: every reader passes over them to the
+    checkpoint, so the blocker it carries is reported by inspect and sweep alike, and the
+    timeline still shows the kept turns completed."""
+    path = tmp_path / "root" / "s"
+    tools = {"lookup": lookup, "send": send, "stop": interrupted}
+    with walj.ToolJournal.open(path, tools=tools, segment_bytes=2048, sync="never",
+                               checkpoint_every=None) as journal:
+        for t in range(20):
+            with journal.turn() as turn:
+                turn.dispatch("lookup", {"order_id": f"o{t}"})
+        with pytest.raises(KeyboardInterrupt), journal.turn() as turn:
+            turn.dispatch("stop", {})
+        report = journal.compact(keep_turns=2)
+        (blocker,) = journal.recovery.blockers
+    assert report.first_seq < report.checkpoint_seq and report.dropped_segments > 0
+    for run in (walj_cli("inspect", "--json", path), forensic(zipapp, "inspect", "--json", path)):
+        assert run.code == 1, run.err
+        assert [b["execution_id"] for b in json.loads(run.out)["blockers"]] == \
+            [blocker.execution_id]
+    for run in (walj_cli("sweep", "--json", path.parent),
+                forensic(zipapp, "sweep", "--json", path.parent)):
+        (session,) = json.loads(run.out)["sessions"]
+        assert session["status"] == "blocked" and len(session["blockers"]) == 1
+    timeline = walj_cli("timeline", "--json", path)
+    turns = {t["turn_sequence"]: t for t in json.loads(timeline.out)["turns"]}
+    assert max(turns) == 21 and turns[21]["state"] != "completed"
+    assert all(turns[n]["state"] == "completed" for n in turns if n != 21)

@@ -113,7 +113,10 @@ class Builder:
         if kind == "turn_started":
             self.turn(data.get("turn_sequence"), t)
         elif kind == "turn_completed":
-            paired = self.state.paired_turn
+            # Before the checkpoint a compacted log's state is taken from, the state has no
+            # turns to pair with: the record's own turn number is all there is.
+            paired = (turn_number(data.get("turn_sequence")) if self.state.awaiting
+                      else self.state.paired_turn)
             if paired is not None and paired in self.turns:
                 node = self.turns[paired]
                 node.completed, node.completed_at = True, t
