@@ -392,5 +392,8 @@ def _depth(value: Any) -> int:
         deepest = max(deepest, level)
         if deepest > MAX_DEPTH:
             break
-        stack.extend((child, level + 1) for child in children)
+        # Only containers go on the stack: a long list of strings costs one pass, not a push
+        # and a pop each.
+        stack.extend((child, level + 1) for child in children
+                     if isinstance(child, (dict, list, tuple)))
     return deepest

@@ -168,8 +168,11 @@ HOSTILE = {
     "filter_not_base64": lambda d: d["items"].append(
         {"item": "forgotten_calls", "offset": 0, "zlib_base64": "***"}),
     "settled_call_without_id": lambda d: d["items"].append(
-        {"item": "settled_call", "call_id": "", "arguments_sha256": "a", "settled_seq": 1,
-         "settling": "{}"}),
+        {"item": "settled_calls", "call_ids": [""], "arguments_sha256": ["a"],
+         "settled_seqs": [1], "settlings": ["{}"]}),
+    "settled_calls_uneven": lambda d: d["items"].append(
+        {"item": "settled_calls", "call_ids": ["a", "b"], "arguments_sha256": ["a"],
+         "settled_seqs": [1, 2], "settlings": ["{}", "{}"]}),
 }
 
 

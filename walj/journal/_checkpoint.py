@@ -9,7 +9,7 @@ import binascii
 import re
 import secrets
 import zlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict
 from typing import Any
 
@@ -31,6 +31,7 @@ CARRIED_OUTPUT_BYTES = 16 * 2**20
 # What a part's own fields take beside its items.
 _ENVELOPE = 512
 _FILTER_CHUNK = 256 * 1024  # compressed filter bytes per item
+_SETTLED_CHUNK = 128 * 1024  # bytes of settled calls per item (a part holds several)
 _ID = re.compile(r"[0-9a-f]{32}")
 _PART0 = re.compile(rb'\{"kind":"checkpoint","version":[0-9]+,"checkpoint_id":"([0-9a-f]{32})",'
                     rb'"part":0,')
@@ -59,8 +60,8 @@ def _text(record: Mapping[str, Any] | bytes) -> str:
     return data.decode("utf-8")
 
 
-def _items(state: RecoveryState,
-           settling: Mapping[str, tuple[dict[str, Any], int]]) -> Iterator[dict[str, Any]]:
+def _items(state: RecoveryState, settling: Mapping[str, tuple[dict[str, Any], int]],
+           budget: int) -> Iterator[dict[str, Any]]:
     open_turns = set(state.turn_stack)
     kept = [res for res in state.resolutions if res.turn_sequence in open_turns]
     newest = state.resolutions[-CARRIED_RESOLUTIONS:]
@@ -94,25 +95,48 @@ def _items(state: RecoveryState,
             fields = asdict(res)
             fields["resolution_kind"] = fields.pop("kind")
             yield {"item": "resolution", **fields}
-    budget = CARRIED_OUTPUT_BYTES
-    settled: list[dict[str, Any]] = []
+    outputs_left = CARRIED_OUTPUT_BYTES
+    settled: list[tuple[str, str, int, str]] = []
     for call_id, (sha, _) in reversed(state.calls.settled.items()):
         record, seq = settling[call_id]
         if "output" in record and record.get("kind") == r.FINISHED:
             size = len(_codec.encode(record["output"]))
-            if size > budget:
+            if size > outputs_left:
                 record = {k: v for k, v in record.items() if k != "output"}
                 record["output_not_stored"] = r.OUTPUT_DROPPED
             else:
-                budget -= size
-        settled.append({"item": "settled_call", "call_id": call_id, "arguments_sha256": sha,
-                        "settled_seq": seq, "settling": _text(record)})
-    yield from reversed(settled)
+                outputs_left -= size
+        settled.append((call_id, sha, seq, _text(record)))
+    yield from _settled_chunks(reversed(settled), budget)
     if filter_bits is not None:
         packed = zlib.compress(filter_bits, 6)
         for offset in range(0, len(packed), _FILTER_CHUNK):
             yield {"item": "forgotten_calls", "offset": offset,
                    "zlib_base64": base64.b64encode(packed[offset:offset + _FILTER_CHUNK]).decode()}
+
+
+def _settled_chunks(settled: Iterable[tuple[str, str, int, str]],
+                    budget: int) -> Iterator[dict[str, Any]]:
+    """The replay window, oldest first, as columns (few containers: quick to decode and check),
+    in items of at most _SETTLED_CHUNK bytes, or of what a record has room for."""
+    limit = min(_SETTLED_CHUNK, budget - 160)  # the item's own keys
+    chunk: list[tuple[str, str, int, str]] = []
+    size = 0
+    for entry in settled:
+        length = len(_codec.encode(list(entry)))
+        if chunk and size + length > limit:
+            yield _settled_item(chunk)
+            chunk, size = [], 0
+        chunk.append(entry)
+        size += length
+    if chunk:
+        yield _settled_item(chunk)
+
+
+def _settled_item(chunk: list[tuple[str, str, int, str]]) -> dict[str, Any]:
+    return {"item": "settled_calls", "call_ids": [e[0] for e in chunk],
+            "arguments_sha256": [e[1] for e in chunk], "settled_seqs": [e[2] for e in chunk],
+            "settlings": [e[3] for e in chunk]}
 
 
 def build_parts(state: RecoveryState, settling: Mapping[str, tuple[dict[str, Any], int]],
@@ -124,7 +148,7 @@ def build_parts(state: RecoveryState, settling: Mapping[str, tuple[dict[str, Any
     budget = record_limit - _ENVELOPE
     groups: list[list[dict[str, Any]]] = [[]]
     size = 0
-    for item in _items(state, settling):
+    for item in _items(state, settling, budget):
         length = len(_codec.encode(item)) + 1
         if length > budget:
             raise RecordTooLargeError(
@@ -147,12 +171,16 @@ def settling_record(record: Mapping[str, Any], call_id: str) -> tuple[dict[str, 
     the seq that record had; None when it carries none."""
     items = record.get("items")
     for item in items if isinstance(items, list) else ():
-        if (isinstance(item, dict) and item.get("item") == "settled_call"
-                and item.get("call_id") == call_id):
-            settled_seq = item.get("settled_seq")
-            carried = _decoded(item, "settling", 0)
-            if type(settled_seq) is int:
-                return carried, settled_seq
+        if not (isinstance(item, dict) and item.get("item") == "settled_calls"):
+            continue
+        call_ids, seqs, texts = (item.get("call_ids"), item.get("settled_seqs"),
+                                 item.get("settlings"))
+        if not (isinstance(call_ids, list) and isinstance(seqs, list)
+                and isinstance(texts, list) and call_id in call_ids):
+            continue
+        at = call_ids.index(call_id)
+        if at < len(seqs) and at < len(texts) and type(seqs[at]) is int:
+            return _decoded({"settling": texts[at]}, "settling", 0), seqs[at]
     return None
 
 
@@ -189,6 +217,10 @@ def _opt_str(value: Any) -> bool:
 
 def _opt_time(value: Any) -> bool:
     return value is None or type(value) in (int, float)
+
+
+def _strs(value: Any) -> bool:
+    return isinstance(value, list) and all(type(v) is str and v for v in value)
 
 
 def _ints(value: Any) -> bool:
@@ -337,11 +369,19 @@ class CheckpointLoad:
             _get(item, "at", seq, _opt_time, "a time"),
             _get(item, "seq", seq, _int, "a seq"), item.get("output")))
 
-    def _settled_call(self, state: RecoveryState, seq: int, item: Mapping[str, Any]) -> None:
-        _get(item, "settling", seq, _str, "a record's JSON text")  # decoded when replayed
-        _get(item, "settled_seq", seq, _int, "a seq")
-        state.calls.settle(_get(item, "call_id", seq, _str, "a call id"),
-                           _get(item, "arguments_sha256", seq, _str, "a digest"), seq)
+    def _settled_calls(self, state: RecoveryState, seq: int, item: Mapping[str, Any]) -> None:
+        call_ids = _get(item, "call_ids", seq, _strs, "a list of call ids")
+        count = len(call_ids)
+        shas = _get(item, "arguments_sha256", seq,
+                    lambda v: _strs(v) and len(v) == count, f"{count} digests")
+        _get(item, "settled_seqs", seq, lambda v: isinstance(v, list) and len(v) == count
+             and all(type(x) is int and x > 0 for x in v), f"{count} seqs")
+        # The settling records' text is decoded only when a call is replayed.
+        _get(item, "settlings", seq, lambda v: _strs(v) and len(v) == count,
+             f"{count} records' JSON text")
+        settle = state.calls.settle
+        for call_id, sha in zip(call_ids, shas, strict=True):
+            settle(call_id, sha, seq)
 
     def _forgotten(self, state: RecoveryState, seq: int, item: Mapping[str, Any]) -> None:
         offset = _get(item, "offset", seq, lambda v: v == len(self.filter), "the next offset")
@@ -356,6 +396,6 @@ class CheckpointLoad:
 _LOADERS: dict[str, Callable[[CheckpointLoad, RecoveryState, int, Mapping[str, Any]], None]] = {
     "turn": CheckpointLoad._turn, "execution": CheckpointLoad._execution,
     "llm_call": CheckpointLoad._llm_call, "cut": CheckpointLoad._cut,
-    "resolution": CheckpointLoad._resolution, "settled_call": CheckpointLoad._settled_call,
+    "resolution": CheckpointLoad._resolution, "settled_calls": CheckpointLoad._settled_calls,
     "forgotten_calls": CheckpointLoad._forgotten,
 }
