@@ -216,3 +216,27 @@ def test_checksummed_line_that_is_not_json_is_a_typed_error(logdir: Path) -> Non
     with pytest.raises(walj.CorruptionError) as info:
         list(walj.read(logdir))
     assert info.value.seq == 3
+
+
+def test_rotate_seals_the_active_segment_and_the_next_record_begins_a_segment(
+        tmp_path: Path) -> None:
+    path = tmp_path / "log"
+    with walj.Log.open(path, sync="never") as log:
+        log.rotate()  # nothing in the active segment: nothing to seal
+        assert len(segments(path)) == 1
+        for i in range(3):
+            log.append({"i": i})
+        log.rotate()
+        seq = log.append({"i": 3})
+        assert [first for _, first in log.segments()] == [1, seq]
+        assert log.durable_seq >= seq - 1  # the seal's sync covered the sealed records
+    first, second = segments(path)
+    assert b'"seal":' in first.read_bytes().splitlines()[-1]
+    assert json.loads(second.read_bytes().splitlines()[1])["seq"] == 4
+    assert walj.verify(path).ok
+    with walj.Log.open(path, recovery="salvage") as reader, pytest.raises(walj.WaljError):
+        reader.rotate()
+    log = walj.Log.open(path)
+    log.close()
+    with pytest.raises(walj.ClosedError):
+        log.rotate()
