@@ -37,7 +37,7 @@ LOG_ROWS = (
     + ["group.scaling"]
     + [f"{fig}.log.{k}" for k in SIZES for fig in ("open", "scan", "rss")]
 )
-JOURNAL_ROWS = ["dispatch.noop", "dispatch.python"] + [
+JOURNAL_ROWS = ["dispatch.noop", "dispatch.python", "open.checkpoint"] + [
     f"{fig}.journal.{k}" for k in SIZES for fig in ("open", "logopen", "rss")
 ]
 ZIPAPP_ROWS = [f"zipapp.{k}" for k in SIZES]

@@ -15,6 +15,7 @@ import walj
 from walj.journal import _records as rc
 from walj.journal._core import Core
 from walj.journal._journal import ToolJournal
+from walj.log import Log
 
 
 def test_adispatch_awaits_async_handlers_and_writes_off_the_loop_thread(
@@ -179,6 +180,53 @@ def test_cancelled_while_the_intent_is_written_calls_nothing_and_says_so(
     assert called == []
     finished = [r for r in records(path) if r["kind"] == rc.FINISHED]
     assert len(finished) == 1 and finished[0]["outcome"] == "cancelled"
+
+
+@pytest.mark.parametrize("block", ["turn", "llm_call"])
+def test_an_exit_cancelled_mid_write_returns_only_once_the_write_is_done(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, block: str
+) -> None:
+    """Cancelled while a worker writes turn_completed (or llm_call_finished): the cancellation
+    reaches the caller only after that write, so what the process holds then is what a
+    replay rebuilds."""
+    last = rc.TURN_COMPLETED if block == "turn" else rc.LLM_FINISHED
+    in_write, release = threading.Event(), threading.Event()
+    original = Log.append
+
+    def slow_last(self: Log, record: Any, **options: Any) -> int:
+        if record["kind"] == last:  # the journal's write lock is held here
+            in_write.set()
+            release.wait()
+        return original(self, record, **options)
+
+    monkeypatch.setattr(Log, "append", slow_last)
+    path = tmp_path / "j"
+
+    async def main() -> None:
+        with ToolJournal.open(path, tools={}) as journal:
+            turn = journal.turn()
+            await turn.__aenter__()
+            bracket: Any = turn
+            if block == "llm_call":
+                bracket = turn.llm_call(model="m")
+                await bracket.__aenter__()
+            task = asyncio.ensure_future(bracket.__aexit__(None, None, None))
+            await until(in_write.is_set)
+            task.cancel()
+            await asyncio.sleep(0.05)
+            overtaken = task.done()
+            release.set()  # before any assert: closing the journal waits for this write
+            assert not overtaken, "the cancellation overtook the write under way"
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            journal._core.log.sync()
+            assert journal._core.state.records == len(records(path))
+            assert not journal._core.state.llm_calls
+            if block == "llm_call":
+                await turn.__aexit__(None, None, None)
+
+    asyncio.run(main())
+    assert records(path)[-1 if block == "turn" else 2]["kind"] == last
 
 
 def test_cancelled_before_its_worker_starts_writes_no_intent_and_leaves_nothing_live(

@@ -200,6 +200,25 @@ def submit(loop: asyncio.AbstractEventLoop, function: Callable[..., Any],
     return sync_pool().submit(loop, function, *args)
 
 
+def run_soon(loop: asyncio.AbstractEventLoop, function: Callable[..., Any],
+             *args: Any) -> asyncio.Future[Any]:
+    """`function(*args)` in the shared sync pool, run to its end whether awaited or not."""
+    future = submit(loop, function, *args)
+    future.add_done_callback(consume)
+    return future
+
+
+async def run_through(loop: asyncio.AbstractEventLoop, function: Callable[..., Any],
+                      *args: Any) -> None:
+    """Run `function(*args)` in the pool and wait for it, on a path already unwinding: a
+    second cancellation stops only the wait (the step goes on in its thread), and a failure
+    is left to the step's own bookkeeping; the exception in flight is what the caller sees."""
+    try:
+        await run_soon(loop, function, *args)
+    except BaseException:  # noqa: B036 - see the docstring
+        pass
+
+
 async def in_worker(function: Callable[..., Any], *args: Any) -> Any:
     """Run a blocking journal step in the shared sync pool and await it. A cancellation stops
     only the wait: the step runs to its end."""

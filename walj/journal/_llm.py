@@ -3,13 +3,14 @@ interrupt leaves the call pending, and pending calls are reported on open."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from types import TracebackType
 from typing import Any
 
 from ..errors import TurnError
 from . import _writes
-from ._aio import in_worker
+from ._aio import in_worker, run_through
 from ._core import Core
 from ._fingerprint import FAST_CANONICAL, describe_output
 
@@ -103,4 +104,6 @@ class LLMCall:
             await in_worker(self._finished, exc)
         except BaseException:
             self._leave()
+            # As a turn's exit: llm_call_finished may be in a worker's write right now.
+            await run_through(asyncio.get_running_loop(), self._core.write_settlements)
             raise

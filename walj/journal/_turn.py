@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 from ..errors import ToolOutcomeUnknown, TurnError, UnknownToolError
 from . import _replay, _writes
-from ._aio import consume, in_worker, submit
+from ._aio import in_worker, run_soon, run_through
 from ._core import Core, TurnSlot
 from ._fingerprint import (
     FAST_CANONICAL,
@@ -113,6 +113,10 @@ class Turn(TurnSlot):
         except BaseException:
             # The turn ends here and now; turn_completed is written only while it is live.
             self._core.release_turn(self)
+            # A worker may be writing turn_completed at this moment: wait for the write lock,
+            # so that what this process holds when the interrupt reaches the caller is what a
+            # replay of the log rebuilds, whichever side of the write the interrupt fell on.
+            await run_through(asyncio.get_running_loop(), self._core.write_settlements)
             raise
 
     def llm_call(self, *, model: str | None = None, request: Any = None) -> LLMCall:
@@ -331,20 +335,9 @@ class Turn(TurnSlot):
                 record = _writes.ambiguous_record(eid, exc)
             core.settle_later(eid, record)
             if stage == "intent":  # no waiting for the fsync under way: the queue is enough
-                self._write_settlements_soon(loop)
+                run_soon(loop, core.write_settlements)
             else:
-                await self._write_settlements_awaited(loop)
+                await run_through(loop, core.write_settlements)
             if seen is not None:  # the handler never ran at the intent stage, whatever lands
                 seen.abort(record, stage != "intent" and eid in core.state.executions, exc)
             raise
-
-    def _write_settlements_soon(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
-        future = submit(loop, self._core.write_settlements)  # runs to its end, awaited or not
-        future.add_done_callback(consume)
-        return future
-
-    async def _write_settlements_awaited(self, loop: asyncio.AbstractEventLoop) -> None:
-        try:
-            await self._write_settlements_soon(loop)
-        except BaseException:  # noqa: B036 - cancelled again (the write goes on in its
-            pass  # thread) or it failed (the record stays queued): the original goes on
