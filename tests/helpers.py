@@ -44,8 +44,8 @@ def load_script(path: Path) -> Any:
 
 def strace_calls(trace: str) -> list[tuple[str, str]]:
     """(call, file) for every call of an `strace -f -o` trace, in order: the path an openat
-    opened, the destination of a rename, the path of an unlink (unlinkat read as unlink), and
-    for a call on a descriptor the path it was opened from ("?" when unknown)."""
+    opened, the destination of a rename, the path of an unlink (unlinkat read as unlink) or of
+    an rmdir, and for a call on a descriptor the path it was opened from ("?" when unknown)."""
     fds: dict[str, str] = {}
     calls: list[tuple[str, str]] = []
     for line in trace.splitlines():
@@ -61,6 +61,8 @@ def strace_calls(trace: str) -> list[tuple[str, str]]:
             target = args.split('"')[3]
         elif op in ("unlink", "unlinkat"):
             target, op = args.split('"')[1], "unlink"
+        elif op == "rmdir":
+            target = args.split('"')[1]
         else:
             fd = re.match(r"\d+", args)
             target = fds.get(fd.group(0), "?") if fd else "?"

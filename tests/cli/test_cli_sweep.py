@@ -5,6 +5,7 @@ process."""
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -79,7 +80,11 @@ def test_sweep_finds_exactly_the_blocked_and_corrupt_sessions(root: Path) -> Non
     by_status: dict[str, set[str]] = {}
     for session in report["sessions"]:
         assert set(session) == {"path", "status", "records", "last_seq", "blocked", "ended",
-                                "blockers", "problem_count", "problems", "torn_tail", "detail"}
+                                "blockers", "problem_count", "problems", "torn_tail", "plain",
+                                "last_record_at", "detail"}
+        if session["status"] in ("active", "ended", "blocked"):  # journals: each record's time
+            assert session["plain"] is False
+            assert 0 <= time.time() - session["last_record_at"] < 3600
         assert session["ended"] == (str(Path(session["path"]).relative_to(root))
                                     in ENDED | ENDED_BLOCKED)
         rel = str(Path(session["path"]).relative_to(root))

@@ -20,7 +20,7 @@ from ._common import (
 )
 
 READ_COMMANDS = ("verify", "inspect", "dump", "tail", "timeline", "stats", "sweep")
-WRITE_COMMANDS = ("resolve", "repair", "demo", "archive")
+WRITE_COMMANDS = ("resolve", "repair", "demo", "archive", "prune")
 
 EPILOG = """\
 exit codes: 0 clean or done; 1 problems found (damage, a blocked journal, a refused write);
@@ -143,6 +143,23 @@ def build_parser(prog: str = "walj") -> argparse.ArgumentParser:
                    help="read every archived copy back in full, not just its size and ends")
     _json_flag(p)
 
+    p = sub.add_parser("prune", help="retention over ROOT: archive then remove old ended "
+                       "sessions, compact old active ones; never a blocked one")
+    p.add_argument("root", metavar="ROOT")
+    p.add_argument("--older-than", required=True, metavar="AGE",
+                   help="only sessions whose last record is older: 30d, 12h, 90m, 45s, 2w")
+    p.add_argument("--archive", metavar="URL", help="ship every segment here and read it back "
+                   "before anything local is deleted (s3://bucket/prefix, file:///path, ...)")
+    p.add_argument("--delete-unarchived", action="store_true",
+                   help="remove old ended sessions without archiving them first")
+    p.add_argument("--keep-turns", type=int, default=0, metavar="N",
+                   help="compaction keeps the last N turns readable locally (default 0)")
+    p.add_argument("--dry-run", action="store_true", help="say what would be done, do nothing")
+    p.add_argument("--jobs", "-j", type=int, default=None, metavar="N",
+                   help="worker processes for the checks (default: CPU count, at most 8)")
+    p.add_argument("--all", action="store_true", help="list young and active sessions too")
+    _json_flag(p)
+
     p = sub.add_parser("demo", help="crash an agent mid-tool, then inspect, resolve, resume")
     p.add_argument("dir", metavar="DIR", nargs="?", help="where to leave it (default: new "
                    "temporary directory)")
@@ -174,6 +191,10 @@ def _command(name: str) -> Callable[[argparse.Namespace], int]:
         from ._archive import cmd_archive
 
         return cmd_archive
+    if name == "prune":
+        from ._prune import cmd_prune
+
+        return cmd_prune
     if name in ("resolve", "repair"):
         from . import _write
 

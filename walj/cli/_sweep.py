@@ -11,6 +11,7 @@ from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any
 
 from ..errors import UnsupportedVersionError, WaljError
+from ..journal._decode import decode_record, time_of
 from ..journal._recovery import RecoveryState
 from ..log import _format as fmt
 from ..log._fs import DEFAULT_FS, FileSystem
@@ -30,14 +31,20 @@ from ._common import (
 from ._records import kind_of
 
 STATUSES = ("active", "ended", "blocked", "corrupt", "unsupported", "unreadable")
+TOMBSTONE_PREFIX = ".walj-pruning-"  # a session renamed so, under its lock, is being deleted
+_TIME_FIELD = b'"at":'
+
 FINE = frozenset({"active", "ended"})  # every other status is a problem (exit 1)
 
 
-def find_logs(root: str) -> tuple[list[str], list[dict[str, Any]]]:
+def find_logs(root: str, tombstones: list[str] | None = None
+              ) -> tuple[list[str], list[dict[str, Any]]]:
     """Directories under `root` (itself included) holding segments; a log's own subdirectories
     (quarantine/) are not searched. Also the directories that could not be listed, and every
     symbolic link to a directory: never followed (it may leave ROOT or loop), never skipped
-    in silence (a session behind it would go unchecked)."""
+    in silence (a session behind it would go unchecked). A session `walj prune` was removing
+    when it stopped (a directory named TOMBSTONE_PREFIX...) is no session: it goes to
+    `tombstones` if given, and is skipped."""
     if not os.path.lexists(root):
         raise CliError(f"{root}: no such file or directory")
     if not os.path.isdir(root):
@@ -53,6 +60,11 @@ def find_logs(root: str) -> tuple[list[str], list[dict[str, Any]]]:
         unreadable.append(_entry(where, "unreadable", detail=f"cannot list: {exc.strerror}"))
 
     for dirpath, dirnames, filenames in os.walk(root, onerror=failed):
+        if os.path.basename(dirpath).startswith(TOMBSTONE_PREFIX) and dirpath != root:
+            if tombstones is not None:
+                tombstones.append(dirpath)
+            dirnames[:] = []
+            continue
         if any(fmt.segment_index(name) is not None for name in filenames):
             logs.append(dirpath)
             dirnames[:] = []
@@ -82,8 +94,8 @@ def _symlink_entry(path: str, to_directory: bool) -> dict[str, Any]:
 def _entry(path: str, status: str, **fields: Any) -> dict[str, Any]:
     entry: dict[str, Any] = {"path": path, "status": status, "records": 0, "last_seq": 0,
                              "blocked": False, "ended": False, "blockers": [],
-                             "problem_count": 0,
-                             "problems": [], "torn_tail": False, "detail": None}
+                             "problem_count": 0, "problems": [], "torn_tail": False,
+                             "plain": False, "last_record_at": None, "detail": None}
     entry.update(fields)
     return entry
 
@@ -97,8 +109,11 @@ def check_log(path: str, fs: FileSystem = DEFAULT_FS) -> dict[str, Any]:
     feeding = True
     journal_error: tuple[str, str] | None = None  # (status, detail)
     plain = False
+    timed: bytes | None = None  # the last record that carries a time
     try:
         for seq, raw in log_scan:
+            if _TIME_FIELD in raw:
+                timed = raw
             if not feeding:
                 continue
             if state.records == 0 and kind_of(raw) == "-":
@@ -145,7 +160,19 @@ def check_log(path: str, fs: FileSystem = DEFAULT_FS) -> dict[str, Any]:
                   blocked=rec.blocked, ended=rec.ended, blockers=blockers,
                   problem_count=len(problems),
                   problems=[problem_json(p) for p in problems[:5]],
-                  torn_tail=log_scan.torn_tail is not None, detail=detail)
+                  torn_tail=log_scan.torn_tail is not None, plain=plain,
+                  last_record_at=_record_time(timed), detail=detail)
+
+
+def _record_time(raw: bytes | None) -> float | None:
+    """The `at` of a record, if it decodes to a plausible Unix time."""
+    if raw is None:
+        return None
+    try:
+        record = decode_record(raw)
+    except (ValueError, RecursionError):
+        return None
+    return time_of(record.get("at")) if isinstance(record, dict) else None
 
 
 def _executor(jobs: int) -> Executor | None:
@@ -168,7 +195,8 @@ def run_checks(logs: list[str], jobs: int,
         return list(progress(executor.map(check_log, logs, chunksize=chunk)))
 
 
-def _progress(total: int) -> Callable[[Iterable[dict[str, Any]]], Iterator[dict[str, Any]]]:
+def _progress(total: int, desc: str = "sweeping"
+              ) -> Callable[[Iterable[dict[str, Any]]], Iterator[dict[str, Any]]]:
     def passthrough(items: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         yield from items
 
@@ -180,7 +208,7 @@ def _progress(total: int) -> Callable[[Iterable[dict[str, Any]]], Iterator[dict[
         return passthrough
 
     def bar(items: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-        yield from tqdm(items, total=total, desc="sweeping", unit="log", delay=0.5,
+        yield from tqdm(items, total=total, desc=desc, unit="log", delay=0.5,
                         leave=False, file=sys.stderr)
 
     return bar
