@@ -431,17 +431,48 @@ def sweep_group(
     how = (f"`walj sweep ROOT --json` in a fresh process: every session's segments verified and "
            f"its recovery state rebuilt, one in {bench_sweep.BLOCKED_EVERY} blocked; wall clock")
     floor = "one process walking the same root and reading every byte of every file"
-    rows = [
-        speed_row("sweep.local", f"sweep, {n}", s["sweep-walj"], s["sweep-read"],
-                  measures=how, baseline=floor),
-        speed_row("sweep.rss", f"peak RSS, sweep, {n}",
-                  bench_open.derived(s["sweep-walj"], "rss_mb", "MB"),
-                  bench_open.derived(s["sweep-read"], "rss_mb", "MB"),
-                  measures="peak RSS of the largest process of the sweep (its workers "
-                           "included), interpreter included",
+    rows = _sweep_rows("sweep.local", "sweep.rss", n, s["sweep-walj"], s["sweep-read"], how,
+                       floor, "peak RSS of the largest process of the sweep (its workers "
+                       "included), interpreter included")
+    archived, rows_archived = _sweep_archived(cfg, walj, say, missing)
+    s.update(archived)
+    return s, rows + rows_archived
+
+
+def _sweep_archived(cfg: Config, walj: ModuleType | None, say: Say, missing: str | None
+                    ) -> tuple[dict[str, Series], list[Row]]:
+    root = bench_sweep.ArchivedRoot(cfg, child_env(walj))
+    missing = missing or bench_sweep.archive_missing()
+    m: Measures = {
+        "sweep-archived-walj": ("sessions/s", missing or bench_sweep.walj_sweep_archived(root)),
+        "sweep-archived-read": ("sessions/s", missing or bench_sweep.read_archive(root)),
+    }
+    try:
+        s = interleave(m, cfg.proc_reps, cfg.workdir, say)
+    finally:
+        root.close()
+    n = f"{root.sessions:,} archived sessions"
+    jobs = bench_sweep.sweep_jobs()
+    how = (f"`walj sweep s3://… --json` in a fresh process against an S3 API (moto's server "
+           f"on loopback): every ended session's objects read, verified and its recovery state "
+           f"rebuilt, {jobs} threads; wall clock")
+    floor = (f"one process listing the same prefix and reading every object through s3fs, "
+             f"{jobs} threads")
+    rows = _sweep_rows("sweep.archived", "sweep.archived_rss", n, s["sweep-archived-walj"],
+                       s["sweep-archived-read"], how, floor, "peak RSS of the sweep process "
+                       "(its threads included), interpreter and s3fs included")
+    return s, rows
+
+
+def _sweep_rows(rate_id: str, rss_id: str, n: str, walj_s: Series, floor_s: Series, how: str,
+                floor: str, rss_how: str) -> list[Row]:
+    """A sweep's rate against its floor's, and the peak RSS of both."""
+    return [
+        speed_row(rate_id, f"sweep, {n}", walj_s, floor_s, measures=how, baseline=floor),
+        speed_row(rss_id, f"peak RSS, sweep, {n}", bench_open.derived(walj_s, "rss_mb", "MB"),
+                  bench_open.derived(floor_s, "rss_mb", "MB"), measures=rss_how,
                   baseline="the same, of the reading process", lower_is_better=True),
     ]
-    return s, rows
 
 
 def cpu_row(row_id: str, figure: str, walj_s: Series, raw: Series) -> Row:

@@ -1,5 +1,7 @@
 """The "sweep" family: `walj sweep ROOT` over many local sessions, sessions/s and peak RSS,
-against reading every byte of the same files (the I/O floor of any sweep).
+against reading every byte of the same files (the I/O floor of any sweep); and `walj sweep URL`
+over ARCHIVED_SESSIONS ended sessions shipped to an S3 API (moto's server, started here on
+127.0.0.1), against listing and reading every object of them through s3fs with as many threads.
 
 The root holds SWEEP_SESSIONS journals (a full run: 10,000), each a few turns of no-op calls,
 one in every BLOCKED_EVERY left with an ambiguous call so the sweep has blockers to report. It
@@ -12,14 +14,20 @@ reaped).
 from __future__ import annotations
 
 import json
+import logging
+import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from bench_core import Config, Measure, Sample
 
 SWEEP_SESSIONS = 10_000
 QUICK_SWEEP_SESSIONS = 300
+ARCHIVED_SESSIONS = 1_000
+QUICK_ARCHIVED_SESSIONS = 100
+BUCKET = "walj-bench"
 BLOCKED_EVERY = 100
 
 # Run a command as a child and report its wall time and the peak RSS of its process tree.
@@ -52,6 +60,7 @@ os.fdatasync = lambda fd: None
 from pathlib import Path
 import walj
 root, n, blocked_every = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+end = len(sys.argv) > 4 and sys.argv[4] == "end"  # ended: every segment sealed, archivable
 def noop(**kw): return None
 def unknown(**kw): raise walj.ToolOutcomeUnknown("connection lost after the request went out")
 for k in range(n):
@@ -67,6 +76,8 @@ for k in range(n):
                     turn.dispatch("send", {"to": "ann"})
             except walj.ToolOutcomeUnknown:
                 pass
+        if end:
+            journal.end()
 print(n)
 '''
 
@@ -127,3 +138,118 @@ def read_all(root: SweepRoot) -> Measure:
 
     return measure
 
+
+# --- archived sessions ----------------------------------------------------------------------
+
+# Ship every session under a root to URL, many at a time (building only: no figure is taken).
+_SHIP = r'''
+import os, sys
+from concurrent.futures import ThreadPoolExecutor
+import fsspec
+import walj.archive
+root, url, bucket = sys.argv[1], sys.argv[2], sys.argv[3]
+fs = fsspec.filesystem("s3")
+if not fs.exists(bucket):
+    fs.mkdir(bucket)
+names = sorted(os.listdir(root))
+with ThreadPoolExecutor(16) as pool:
+    reports = list(pool.map(lambda name: walj.archive.ship(os.path.join(root, name), url), names))
+assert all(r.shipped for r in reports), "a session had nothing sealed to ship"
+print(len(reports))
+'''
+
+# List every archived session and read every byte of every object, in `jobs` threads: the
+# floor for any tool that checks them all through the same client.
+_READ_ARCHIVE = r'''
+import sys
+from concurrent.futures import ThreadPoolExecutor
+import fsspec
+url, jobs = sys.argv[1], int(sys.argv[2])
+fs = fsspec.filesystem("s3")
+sessions = fs.ls(url.split("://", 1)[1], detail=False)
+def read(prefix):
+    return sum(len(fs.cat_file(key)) for key in fs.ls(prefix, detail=False))
+with ThreadPoolExecutor(jobs) as pool:
+    print(sum(pool.map(read, sessions)))
+'''
+
+
+def archive_missing() -> str | None:
+    """Why the archived figures cannot run here, or None when they can."""
+    for module in ("moto.server", "s3fs", "fsspec"):
+        try:
+            __import__(module)
+        except ImportError:
+            return f"{module.split('.')[0]} not installed (pip install -e '.[bench]')"
+    return None
+
+
+def archived_count(cfg: Config) -> int:
+    base = QUICK_ARCHIVED_SESSIONS if cfg.quick else ARCHIVED_SESSIONS
+    return max(10, int(base * min(1.0, cfg.scale)))
+
+
+def sweep_jobs() -> int:
+    """walj sweep's default number of workers (threads, for an archive)."""
+    return min(8, os.cpu_count() or 1)
+
+
+class ArchivedRoot:
+    """Ended sessions shipped to moto's S3 server on 127.0.0.1, built on first use; `close`
+    stops the server. The children reach it through the environment alone, as a user would."""
+
+    FAKE_AWS = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
+                "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
+
+    def __init__(self, cfg: Config, env: dict[str, str]) -> None:
+        self.local = cfg.workdir / "sweep-archived-local"
+        self.sessions = archived_count(cfg)
+        self.url = f"s3://{BUCKET}/sessions"
+        self.env = dict(env)
+        self._server: Any = None
+
+    def get(self) -> str:
+        if self._server is None:
+            from moto.server import ThreadedMotoServer
+
+            logging.getLogger("werkzeug").setLevel(logging.ERROR)
+            os.environ.update(self.FAKE_AWS)  # moto's own boto calls
+            server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+            server.start()
+            self._server = server
+            host, port = server.get_host_and_port()
+            self.env.update(self.FAKE_AWS)
+            self.env["FSSPEC_S3_ENDPOINT_URL"] = f"http://{host}:{port}"
+            subprocess.run([sys.executable, "-c", _BUILD, str(self.local), str(self.sessions),
+                            str(BLOCKED_EVERY), "end"], env=self.env, check=True,
+                           capture_output=True)
+            subprocess.run([sys.executable, "-c", _SHIP, str(self.local), self.url, BUCKET],
+                           env=self.env, check=True, capture_output=True)
+        return self.url
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+
+
+def walj_sweep_archived(root: ArchivedRoot) -> Measure:
+    """`python -m walj sweep URL --json` over every archived session."""
+
+    def measure(_d: Path) -> Sample:
+        url = root.get()
+        return _timed([sys.executable, "-m", "walj", "sweep", url, "--json"], root.env,
+                      root.sessions, (1,))
+
+    return measure
+
+
+def read_archive(root: ArchivedRoot) -> Measure:
+    """List and read every archived object through s3fs, with walj sweep's thread count."""
+
+    def measure(_d: Path) -> Sample:
+        url = root.get()
+        return _timed([sys.executable, "-c", _READ_ARCHIVE, url, str(sweep_jobs())], root.env,
+                      root.sessions, (0,))
+
+    return measure

@@ -46,11 +46,14 @@ TABLE = [
     "scan.log.{n}",
     "open.journal.{n}",
     "logopen.journal.{n}",
+    "open.checkpoint",
     "rss.log.{n}",
     "rss.journal.{n}",
     "zipapp.{n}",
     "sweep.local",
     "sweep.rss",
+    "sweep.archived",
+    "sweep.archived_rss",
 ]
 
 Rows = dict[str, dict[str, Any]]

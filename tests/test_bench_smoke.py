@@ -48,7 +48,7 @@ SESSION_ROWS = [
      for ref in ("raw", "sqlite_each", "sqlite_shared")]
     + [f"sessions.cpu.{m}.{n}" for m in ("async", "threads")]
 ] + ["sessions.request"]
-SWEEP_ROWS = ["sweep.local", "sweep.rss"]
+SWEEP_ROWS = ["sweep.local", "sweep.rss", "sweep.archived", "sweep.archived_rss"]
 EXPECTED = LOG_ROWS + JOURNAL_ROWS + ZIPAPP_ROWS + SESSION_ROWS + SWEEP_ROWS
 PLOTS = ["group_commit.png", "sessions.png", "open_time.png", "latency.png"]
 
