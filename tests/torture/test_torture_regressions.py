@@ -227,3 +227,20 @@ def test_regression_hole_before_an_unsynced_seal(tmp_path: Path) -> None:
     with walj.Log.open(path, segment_bytes=1024) as reopened:
         assert reopened.last_seq == 2
     assert walj.verify(path).ok
+
+
+def test_regression_verify_ends_a_log_dropped_whole_at_its_base(tmp_path: Path) -> None:
+    """A drop up to last_seq + 1 leaves only the active segment's header, first seq N + 1:
+    verify (and every reader built on its scan: sweep, the CLI) said the log ended at seq 0,
+    where Log.open says N, and the SIGKILL compaction test took every record for lost."""
+    path = tmp_path / "log"
+    with walj.Log.open(path, segment_bytes=1024) as log:
+        for i in range(30):
+            log.append({"i": i, "pad": "x" * 40})
+        log.rotate()
+        assert log.drop_before(log.last_seq + 1) > 0
+        assert walj.verify(path).last_seq == 30  # beside the writer
+    report = walj.verify(path)
+    assert report.ok and report.last_seq == 30 and list(walj.read(path)) == []
+    with walj.Log.open(path) as log:
+        assert log.last_seq == 30 and log.append({"i": 30}) == 31

@@ -171,6 +171,9 @@ class LogScan:
             listed = [entry for entry in listed if entry[0] >= base.index]
             prev_index, prev_seal, self.log_id = base.index - 1, base.prev_seal, base.log_id
             expected_seq = base.first_seq
+            # Every record below the base was dropped, none lost: the log ends at least there,
+            # even when no record follows the base yet.
+            self.last_seq = base.first_seq - 1
         i = 0
         while i < len(listed):
             index, name = listed[i]
@@ -182,6 +185,7 @@ class LogScan:
             if skipped is not None:
                 prev_index = index
                 prev_seal, expected_seq = skipped
+                self.last_seq = expected_seq - 1
                 self.segments.append(name)
                 i += 1
                 continue
