@@ -128,7 +128,7 @@ class Builder:
             ex = Execution(eid, opt_str(data.get("tool")), opt_str(data.get("call_id")), t, seq)
             self.executions[eid] = ex
             self.turn(data.get("turn_sequence")).items.append(ex)
-        elif kind in _DISPATCHES:
+        elif isinstance(kind, str) and kind in _DISPATCHES:  # a list kind is unhashable
             self.turn(data.get("turn_sequence")).items.append(_dispatch(kind, seq, data, t))
         elif kind in ("llm_call_started",) and isinstance(eid, str):
             call = {"llm_call_id": eid, "seq": seq, "model": opt_str(data.get("model")),
@@ -161,8 +161,9 @@ class Builder:
                             pending=False)
 
 
-# Dispatches that ran no handler, by record kind: the outcome the API returned for each, which
-# is also the list of the turn that holds it in the JSON view.
+# Dispatches that ran no handler, by record kind: the list of the turn's JSON view that holds
+# each, named as the API names a blocked or refused dispatch's outcome (a replayed one has the
+# settled call's outcome and ToolResult.replayed).
 _DISPATCHES = {"tool_execution_blocked": "blocked", "tool_execution_replayed": "replayed",
                "tool_execution_refused": "refused"}
 
