@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_helpers import ENV, walj_cli
 
 import walj
-from tests.cli_helpers import ENV, walj_cli
 from walj.cli._main import build_parser, main
 from walj.journal import _records as rc
 
@@ -149,6 +149,44 @@ def test_replayed_and_refused_dispatches_have_their_own_names_and_counts(
 
     status = as_json(capsys, "inspect", log, refused.execution_id)["status"]
     assert status.startswith("refused (call id already settled: arguments_differ")
+
+
+ESCAPE = "\x1b]0;owned\x07\x1b[2J"  # a terminal title and a screen clear
+
+
+def test_blocked_replayed_and_refused_records_with_hostile_fields(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Each field of the three records a view now reads by name is of the wrong type or holds
+    escapes: the views show them as unknown or escaped, and count each dispatch once."""
+    log = tmp_path / "j"
+    common = {"version": 3, "at": 1700000000.5, "turn_sequence": 1}
+    with walj.Log.open(log) as raw:
+        raw.append({"kind": "turn_started", **common})
+        raw.append({"kind": "tool_execution_blocked", "execution_id": "b" * 32, **common,
+                    "tool": "send" + ESCAPE, "call_id": ["c1"], "blocked_by": "x" * 5,
+                    "blocked_by_turns": [True, "2", 3]})
+        raw.append({"kind": "tool_execution_replayed", "execution_id": "r" * 32, **common,
+                    "tool": "send" + ESCAPE, "call_id": "c2", "outcome": "ok" + ESCAPE,
+                    "answered_from_seq": "7"})
+        raw.append({"kind": "tool_execution_refused", "execution_id": "f" * 32, **common,
+                    "tool": "send" + ESCAPE, "call_id": "c3", "refused_reason": {"a": 1},
+                    "settled_execution_id": 5, "error": ESCAPE})
+        raw.append({"kind": "turn_completed", **common})
+    (turn,) = as_json(capsys, "timeline", log)["turns"]
+    (blocked,), (replayed,), (refused,) = turn["blocked"], turn["replayed"], turn["refused"]
+    assert (blocked["call_id"], blocked["blocked_by"], blocked["blocked_by_turns"]) == (
+        None, [], [3])
+    assert replayed["outcome"] == "ok" + ESCAPE and replayed["answered_from_seq"] is None
+    assert refused["refused_reason"] is None and refused["settled_execution_id"] is None
+    code, text = run(capsys, "timeline", log)
+    assert code == 0 and "\x1b" not in text and "\x07" not in text
+    assert [r.split()[5] for r in rows(text) if r.startswith(("|-", "`-", "├─", "└─"))] == [
+        "BLOCKED", "REPLAYED", "REFUSED"]
+    (send,) = as_json(capsys, "stats", log)["tools"]
+    assert send["tool"] == "send" + ESCAPE
+    assert (send["calls"], send["blocked"], send["replayed"], send["refused"]) == (3, 1, 1, 1)
+    code, text = run(capsys, "stats", log)
+    assert code == 0 and "\x1b" not in text and "\x07" not in text
 
 
 def kill_mid_tool(path: Path) -> None:
