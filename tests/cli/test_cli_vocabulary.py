@@ -306,3 +306,22 @@ def test_walj_help_says_where_the_installed_documentation_is() -> None:
         assert "walj" in where.read_text(encoding="utf-8")
     assert not REPOSITORY_PATH.search(shown.out)
     assert os.path.sep + "docs" + os.path.sep not in shown.out
+
+
+def test_walj_help_gives_the_project_urls_the_installed_metadata_names(tmp_path: Path) -> None:
+    """A walj installed with project URLs in its metadata (found first on the path here):
+    `walj --help` gives them, and no README path."""
+    info = tmp_path / "walj-9.9.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: walj\nVersion: 9.9\n"
+        "Project-URL: Documentation, https://docs.example.invalid/walj\n"
+        "Project-URL: Source, https://code.example.invalid/walj\n", encoding="utf-8")
+    env = {**ENV, "PYTHONPATH": ENV["PYTHONPATH"].replace(
+        os.pathsep, os.pathsep + str(tmp_path) + os.pathsep, 1)}
+    shown = subprocess.run([sys.executable, "-m", "walj", "--help"], env=env, timeout=60,
+                           capture_output=True, text=True)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.rstrip().endswith(
+        "documentation: https://docs.example.invalid/walj, https://code.example.invalid/walj")
+    assert "README" not in shown.stdout

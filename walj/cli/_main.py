@@ -77,7 +77,7 @@ class _TopParser(_Parser):
         # The read-only zipapp carries no package metadata; an installed walj found beside it
         # may be another version.
         where = documentation() if self.prog == "walj" else FORENSIC_DOCUMENTATION
-        self.epilog = f"{EPILOG}\n{where}"
+        self.epilog = f"{EPILOG}\n{where.replace('%', '%%')}"  # argparse expands %(prog)s
         return super().format_help()
 
 
