@@ -230,8 +230,9 @@ def resolve_help() -> dict[str, str]:
 
 
 def counting(runs: list[str]) -> Any:
-    def charge(order_id: str) -> str:
-        runs.append(order_id)
+    """A tool that records the idempotency key of each run; its first run's outcome is lost."""
+    def charge(order_id: str, context: walj.ToolContext) -> str:
+        runs.append(context.idempotency_key)
         if len(runs) == 1:
             raise walj.ToolOutcomeUnknown("lost the answer")
         return "charged"
@@ -256,6 +257,7 @@ def test_resolve_help_says_what_each_outcome_does_to_the_next_dispatch(
     if outcome == "not_performed":
         assert "the tool runs again" in said and "same idempotency key" in said
         assert len(runs) == 2 and again.outcome == "ok" and not again.replayed
+        assert runs[0] == runs[1] and again.execution_id != blocker.execution_id
     else:
         answered = "ok" if outcome == "succeeded" else "error"
         assert f"answered `{answered}`" in said and "the tool does not run" in said
