@@ -210,7 +210,7 @@ def test_inspect_one_execution_and_unknown_ids(logs: dict[str, Any]) -> None:
     run = walj_cli("inspect", logs["blocked"], eid[:10], "--json")
     assert run.code == 1
     report = run.json()
-    assert report["schema"] == "walj.execution/4" and report["execution_id"] == eid
+    assert report["schema"] == "walj.execution/5" and report["execution_id"] == eid
     assert [r["data"]["kind"] for r in report["records"]] == [
         "tool_execution_started", "tool_execution_ambiguous"]
     assert report["blocker"]["state"] == "ambiguous"
@@ -274,7 +274,7 @@ def test_timeline(logs: dict[str, Any]) -> None:
     run = walj_cli("timeline", logs["blocked"], "--json")
     assert run.code == 1
     report = run.json()
-    assert report["schema"] == "walj.timeline/2" and report["blocked"] is True
+    assert report["schema"] == "walj.timeline/3" and report["blocked"] is True
     turns = report["turns"]
     assert [t["turn_sequence"] for t in turns] == [1, 2, 3]
     assert [t["state"] for t in turns] == ["completed", "completed", "incomplete"]
@@ -296,7 +296,7 @@ def test_stats(logs: dict[str, Any]) -> None:
     run = walj_cli("stats", logs["clean"], "--json")
     assert run.code == 0, run.err
     report = run.json()
-    assert report["schema"] == "walj.stats/1"
+    assert report["schema"] == "walj.stats/2"
     assert report["segments"] == 1 and report["records"] == report["last_seq"]
     assert report["kinds"]["tool_execution_started"] == 6
     assert report["kinds"]["turn_started"] == 2
@@ -310,7 +310,7 @@ def test_stats(logs: dict[str, Any]) -> None:
     plain = walj_cli("stats", logs["plain"], "--json").json()
     assert plain["kinds"] == {"-": 300} and plain["tools"] == []
     text = walj_cli("stats", logs["blocked"])
-    assert text.code == 0 and "ERROR RATE" in text.out and "INTERRUPTED" in text.out
+    assert text.code == 0 and "ERROR RATE" in text.out and "AMBIGUOUS" in text.out
 
 
 def test_pending_llm_call_in_inspect_and_timeline(tmp_path: Path) -> None:

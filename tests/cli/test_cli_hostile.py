@@ -363,7 +363,7 @@ def test_item19_absurd_numbers_and_wrong_types_in_a_journal(tmp_path: Path) -> N
     assert timeline.code == 1, timeline.err
     turn = strict_json(timeline.out)["turns"][0]
     assert turn["started_at"] is None
-    assert turn["refused"][0]["blocked_by"] == [] and turn["refused"][0]["blocked_by_turns"] == []
+    assert turn["blocked"][0]["blocked_by"] == [] and turn["blocked"][0]["blocked_by_turns"] == []
     stats = walj_cli("stats", log, "--json")
     assert stats.code == 0, stats.err
     assert strict_json(stats.out)["time_span"]["first"] == 1700000000.0  # the header's

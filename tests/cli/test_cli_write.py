@@ -219,8 +219,9 @@ def test_demo(tmp_path: Path) -> None:
     assert resolution["actor"] == "demo-operator" and resolution["tool"] == "send_refund_email"
     assert len((target / "outbox.jsonl").read_text().splitlines()) == 2
     timeline = walj_cli("timeline", log, "--json").json()
-    refused = [r for t in timeline["turns"] for r in t["refused"]]
-    assert len(refused) == 1 and refused[0]["tool"] == "send_refund_email"
+    blocked = [r for t in timeline["turns"] for r in t["blocked"]]
+    assert len(blocked) == 1 and blocked[0]["tool"] == "send_refund_email"
+    assert blocked[0]["outcome"] == "blocked"
     assert_one_line_error(walj_cli("demo", target), 2, "already holds a demo")
 
 

@@ -111,7 +111,7 @@ def cmd_demo(args: argparse.Namespace, *, run: Callable[[list[str]], int]) -> in
     _say(f"3. What an operator sees: walj inspect {log}")
     _indented(run, ["inspect", log])
     _say()
-    _say(f"4. The operator checks {OUTBOX_NAME}, sees the email went out, and settles it:")
+    _say(f"4. The operator checks {OUTBOX_NAME}, sees the email went out, and resolves it:")
     note = f"{OUTBOX_NAME} shows the email was sent"
     _say(f"   $ walj resolve {log} {eid} --outcome succeeded --note '{note}' "
          "--actor demo-operator")

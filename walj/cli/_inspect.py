@@ -161,8 +161,8 @@ def _inspect_text(path: str, report: dict[str, Any], log_scan: LogScan, rec: Rec
     if rec.session_id is not None:  # write_lines shows its control characters as escapes
         lines.append(f"session  {rec.session_id}")
     if rec.blocked:
-        lines.append(f"state    BLOCKED by {plural(len(rec.blockers), 'blocker')}: dispatch "
-                     "refuses every tool call until each is resolved")
+        lines.append(f"state    BLOCKED by {plural(len(rec.blockers), 'blocker')}: every "
+                     "dispatch is blocked (no tool runs) until each is resolved")
     else:
         lines.append("state    not blocked: dispatch runs tools")
     if log_scan.problems:
@@ -219,9 +219,10 @@ def _inspect_text(path: str, report: dict[str, Any], log_scan: LogScan, rec: Rec
     if rec.resolved:
         rows4 = [(r.execution_id or f"turn {r.turn_sequence}", r.tool, r.outcome, r.actor,
                   clock(r.at), short(r.note, 60)) for r in rec.resolved]
-        lines += table(("SETTLED", "TOOL", "OUTCOME", "ACTOR", "AT (UTC)", "NOTE"), rows4)
+        lines += table(("RESOLVED", "TOOL", "OUTCOME", "ACTOR", "AT (UTC)", "NOTE"), rows4)
     if rec.blocked:
-        lines += ["", "Settle each blocker on the record, once you know what happened:",
+        lines += ["", "Resolve each blocker on the record, once you know what happened "
+                  "(`walj resolve --help` says what each outcome does):",
                   f"  walj resolve {path} EXECUTION --outcome succeeded|failed|not_performed "
                   "--note TEXT --actor NAME",
                   f"  walj resolve {path} --turn N --note TEXT --actor NAME"]
@@ -235,7 +236,7 @@ def _turn_effect(sequence: int, tool_bearing: bool, blocking: set[int | None]) -
     if sequence in blocking:
         return "blocks: resolve the turn"
     if tool_bearing:
-        return "settled with its interrupted execution"
+        return "resolved with its ambiguous execution"
     return "none (used no tools)"
 
 
@@ -277,7 +278,7 @@ def _inspect_execution(path: str, names: list[str], wanted: str, as_json: bool,
     elif terminal is None:
         status = "pending" if first.get("kind") == "llm_call_started" else "open"
     elif terminal.get("kind") == "tool_execution_blocked":
-        status = "refused (dispatch was blocked; nothing ran)"
+        status = "blocked (the journal was blocked; nothing ran)"
     elif terminal.get("kind") == "tool_execution_refused":
         status = (f"refused (call id already settled: "
                   f"{opt_str(terminal.get('refused_reason')) or '?'}; nothing ran)")
@@ -287,7 +288,7 @@ def _inspect_execution(path: str, names: list[str], wanted: str, as_json: bool,
     else:
         status = f"finished: {opt_str(terminal.get('outcome')) or '?'}"
     report = {
-        "schema": "walj.execution/4",
+        "schema": "walj.execution/5",
         "path": path,
         "execution_id": execution_id,
         "kind": "llm_call" if str(first.get("kind", "")).startswith("llm_") else "tool_execution",

@@ -133,9 +133,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 @dataclass
 class ToolStats:
+    """One tool's dispatches, each counted under the outcome the API gave it."""
+
     calls: int = 0
-    outcomes: dict[str, int] = field(default_factory=dict)
-    interrupted: int = 0
+    outcomes: dict[str, int] = field(default_factory=dict)  # of tool_execution_finished
+    ambiguous: int = 0  # started, and no tool_execution_finished (open, or resolved)
+    journal_blocked: int = 0  # tool_execution_blocked: outcome blocked, no intent written
+    replayed: int = 0
     refused: int = 0
     durations: list[float] = field(default_factory=list)
 
@@ -186,7 +190,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
             last_t = t if last_t is None else max(last_t, t)
         _count_tool_record(kind, data, t, tools, open_calls)
     for tool, _ in open_calls.values():
-        tools[tool].interrupted += 1
+        tools[tool].ambiguous += 1
     if first_t is None:
         first_t = log_created(path, names)
     span = None if first_t is None or last_t is None else round(last_t - first_t, 3)
@@ -198,13 +202,16 @@ def cmd_stats(args: argparse.Namespace) -> int:
         tool_rows.append({
             "tool": name, "calls": st.calls, "ok": st.outcomes.get("ok", 0),
             "error": st.outcomes.get("error", 0), "cancelled": st.outcomes.get("cancelled", 0),
-            "blocked": st.outcomes.get("blocked", 0), "interrupted": st.interrupted,
-            "refused": st.refused, "error_rate": st.error_rate(),
+            # A guard's ToolBlocked and a dispatch the blocked journal turned away: the API
+            # names both outcome `blocked`, and neither ran the tool.
+            "blocked": st.outcomes.get("blocked", 0) + st.journal_blocked,
+            "ambiguous": st.ambiguous, "replayed": st.replayed, "refused": st.refused,
+            "error_rate": st.error_rate(),
             "p50_seconds": None if p50 is None else round(p50, 3),
             "p99_seconds": None if p99 is None else round(p99, 3),
         })
     report: dict[str, Any] = {
-        "schema": "walj.stats/1",
+        "schema": "walj.stats/2",
         "path": path,
         "log_id": log_scan.log_id,
         "segments": len(log_scan.segments),
@@ -239,12 +246,12 @@ def cmd_stats(args: argparse.Namespace) -> int:
     if tool_rows:
         lines += ["", "Tools"]
         rows = [(r["tool"], r["calls"], r["ok"], r["error"], r["cancelled"], r["blocked"],
-                 r["interrupted"], r["refused"],
+                 r["ambiguous"], r["replayed"], r["refused"],
                  "-" if r["error_rate"] is None else f"{r['error_rate']:.1%}",
                  duration(r["p50_seconds"]), duration(r["p99_seconds"])) for r in tool_rows]
-        lines += table(("TOOL", "CALLS", "OK", "ERROR", "CANCELLED", "BLOCKED", "INTERRUPTED",
-                        "REFUSED", "ERROR RATE", "P50", "P99"), rows,
-                       right=range(1, 11))
+        lines += table(("TOOL", "CALLS", "OK", "ERROR", "CANCELLED", "BLOCKED", "AMBIGUOUS",
+                        "REPLAYED", "REFUSED", "ERROR RATE", "P50", "P99"), rows,
+                       right=range(1, 12))
     write_lines(lines)
     return code
 
@@ -254,9 +261,15 @@ def _tool_name(value: Any) -> str:
     return value[:200] if isinstance(value, str) and value else "-"
 
 
+# Dispatches that wrote no intent: turned away by a blocked journal, or answered by replay.
+_NO_INTENT = ("tool_execution_blocked", "tool_execution_replayed", "tool_execution_refused")
+
+
 def _count_tool_record(kind: str, data: dict[str, Any], t: float | None,
                        tools: dict[str, ToolStats],
                        open_calls: dict[str, tuple[str, float | None]]) -> None:
+    """Count one record: every dispatch adds one call, by its intent or, when it wrote none,
+    by the record that answered it."""
     execution_id = subject_of(data)
     if not isinstance(execution_id, str):
         return
@@ -276,7 +289,13 @@ def _count_tool_record(kind: str, data: dict[str, Any], t: float | None,
     elif kind == "tool_execution_resolved":
         entry = open_calls.pop(execution_id, None)
         if entry is not None:
-            tools[entry[0]].interrupted += 1
-    elif kind == "tool_execution_blocked":
-        tool = _tool_name(data.get("tool"))
-        tools.setdefault(tool, ToolStats()).refused += 1
+            tools[entry[0]].ambiguous += 1
+    elif kind in _NO_INTENT:
+        st = tools.setdefault(_tool_name(data.get("tool")), ToolStats())
+        st.calls += 1
+        if kind == "tool_execution_blocked":
+            st.journal_blocked += 1
+        elif kind == "tool_execution_replayed":
+            st.replayed += 1
+        else:
+            st.refused += 1

@@ -26,12 +26,59 @@ EPILOG = """\
 exit codes: 0 clean or done; 1 problems found (damage, a blocked journal, a refused write);
 2 usage error or unreadable input; 130 interrupted (Ctrl-C; `tail -f` exits 0 instead).
 Read commands take no lock and never write: they work on a copied log, a read-only file
-system, and beside a live writer. See docs/CLI.md for every --json schema."""
+system, and beside a live writer. `%(prog)s COMMAND --help` describes each command; every
+--json output names its schema and version in its "schema" field."""
+
+# What `walj resolve` writes, and what the next dispatch of the call id does after it (replay:
+# walj/journal/_replay.py; a call id is settled by `succeeded` or `failed` only).
+RESOLVE_EPILOG = """\
+outcomes, and what the next dispatch of the call id (same arguments) does then:
+  succeeded      done: answered `ok` from this resolution; the tool does not run
+  failed         it failed: answered `error` with the --note; the tool does not run
+  not_performed  no effect: the tool runs again (new execution, same idempotency key)
+  reviewed       QUARANTINE_FILE only: the cut bytes stop blocking; a call cut whole runs
+The same call id with other arguments is refused and runs nothing. --turn N (with no
+--outcome): the interrupted turn stops blocking, and nothing of it runs again."""
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         raise CliError(f"{message} (see `{self.prog} --help`)")
+
+
+FORENSIC_DOCUMENTATION = "documentation: the README of the walj package (pip install walj)"
+
+
+def documentation() -> str:
+    """Where this walj's documentation is: the project URLs its installed metadata names,
+    else the README the installed package carries (its metadata's description). Never a path
+    inside the source tree, which an installed walj does not have."""
+    from importlib import metadata
+
+    try:
+        distribution = metadata.distribution("walj")
+    except metadata.PackageNotFoundError:  # a zipapp, or a source tree never installed
+        return FORENSIC_DOCUMENTATION
+    info = distribution.metadata
+    urls = [str(url).partition(",")[2].strip() for url in info.get_all("Project-URL") or []]
+    urls += [str(info["Home-page"])] if info["Home-page"] else []
+    if urls:
+        return "documentation: " + ", ".join(url for url in urls if url)
+    readme = next((f for f in distribution.files or () if f.name == "METADATA"), None)
+    where = f":\n  {distribution.locate_file(readme)}" if readme is not None else ""
+    return (f"documentation: the README installed with walj {info['Version']}, the description "
+            f"in its package metadata{where}")
+
+
+class _TopParser(_Parser):
+    """The `walj` parser: its help ends with where the documentation is, looked up only then."""
+
+    def format_help(self) -> str:
+        # The read-only zipapp carries no package metadata; an installed walj found beside it
+        # may be another version.
+        where = documentation() if self.prog == "walj" else FORENSIC_DOCUMENTATION
+        self.epilog = f"{EPILOG}\n{where.replace('%', '%%')}"  # argparse expands %(prog)s
+        return super().format_help()
 
 
 def _json_flag(p: argparse.ArgumentParser) -> None:
@@ -61,8 +108,8 @@ def _engines() -> str:
 def build_parser(prog: str = "walj") -> argparse.ArgumentParser:
     from .. import __version__
 
-    parser = _Parser(prog=prog, description="Forensic and recovery tools for walj logs and tool "
-                     "journals.", epilog=EPILOG,
+    parser = _TopParser(prog=prog, description="Forensic and recovery tools for walj logs and "
+                        "tool journals.", epilog=EPILOG,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version",
                         version=f"%(prog)s {__version__} ({_engines()})")
@@ -119,14 +166,19 @@ def build_parser(prog: str = "walj") -> argparse.ArgumentParser:
     p.add_argument("--all", action="store_true", help="list active and ended logs too")
     _json_flag(p)
 
-    p = sub.add_parser("resolve", help="settle a blocker durably, under the writer lock")
+    p = sub.add_parser("resolve", help="resolve a blocker durably, under the writer lock",
+                       description="Resolve a blocker durably, under the writer lock: a "
+                       "tool_execution_resolved,\nturn_resolved or log_cut_resolved record says "
+                       "what happened, who says so and why.",
+                       epilog=RESOLVE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("path", metavar="PATH")
     p.add_argument("execution_id", metavar="EXECUTION_ID", nargs="?")
     p.add_argument("--turn", type=int, default=None, metavar="N",
-                   help="settle interrupted turn N instead of an execution")
-    p.add_argument("--outcome", choices=("succeeded", "failed", "not_performed", "reviewed"))
+                   help="resolve interrupted turn N instead of an execution")
+    p.add_argument("--outcome", choices=("succeeded", "failed", "not_performed", "reviewed"),
+                   help="what happened; see below for what each does to the next dispatch")
     p.add_argument("--note", required=True, metavar="TEXT", help="why: what you checked")
-    p.add_argument("--actor", required=True, metavar="NAME", help="who settles it")
+    p.add_argument("--actor", required=True, metavar="NAME", help="who resolves it")
     _json_flag(p)
 
     p = sub.add_parser("repair", help="cut a torn tail or damaged suffix into quarantine/")

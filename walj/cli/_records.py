@@ -79,8 +79,8 @@ def summary(data: Any) -> str:
         return f"interrupted by {data.get('error_type')}"
     if kind == "tool_execution_blocked":
         count = len(str_list(data.get("blocked_by"))) + len(int_list(data.get("blocked_by_turns")))
-        return (f"{data.get('tool')} {data.get('call_id')}{_turn(data)} refused: blocked by "
-                f"{count} blocker(s)")
+        return (f"{data.get('tool')} {data.get('call_id')}{_turn(data)} blocked: the journal "
+                f"was blocked by {count} blocker(s)")
     if kind == "tool_execution_replayed":
         return (f"{data.get('tool')} {data.get('call_id')}{_turn(data)} replayed "
                 f"{data.get('outcome')} from record {data.get('answered_from_seq')}")

@@ -1,5 +1,6 @@
 """`walj timeline`: turns as a tree of their tool executions and LLM calls, with outcome and
-duration; ambiguous executions, blockers and refused (blocked) dispatches are marked."""
+duration; ambiguous executions, blockers, and blocked, replayed and refused dispatches are
+marked, each under the name the API gives its outcome."""
 
 from __future__ import annotations
 
@@ -58,7 +59,8 @@ class Execution:
             return self.outcome
         if self.resolution is not None:
             return f"resolved {self.resolution['outcome']}"
-        return "ambiguous" if self.ambiguous else "started, no outcome"
+        # The blocker states: `ambiguous` once an interrupt was recorded, else `started`.
+        return "ambiguous" if self.ambiguous else "started"
 
     def as_json(self) -> dict[str, Any]:
         return {"execution_id": self.execution_id, "tool": self.tool, "call_id": self.call_id,
@@ -77,7 +79,7 @@ class TurnNode:
     completed: bool = False
     resolution: dict[str, Any] | None = None
     blocker: bool = False
-    items: list[Any] = field(default_factory=list)  # Execution, refused dict or LLM-call dict
+    items: list[Any] = field(default_factory=list)  # Execution, dispatch dict or LLM-call dict
 
     def state(self) -> str:
         if self.sequence is None:
@@ -126,23 +128,8 @@ class Builder:
             ex = Execution(eid, opt_str(data.get("tool")), opt_str(data.get("call_id")), t, seq)
             self.executions[eid] = ex
             self.turn(data.get("turn_sequence")).items.append(ex)
-        elif kind == "tool_execution_blocked":
-            self.turn(data.get("turn_sequence")).items.append({
-                "refused": True, "execution_id": opt_str(eid), "seq": seq,
-                "tool": opt_str(data.get("tool")), "call_id": opt_str(data.get("call_id")), "at": t,
-                "blocked_by": str_list(data.get("blocked_by")),
-                "blocked_by_turns": int_list(data.get("blocked_by_turns"))})
-        elif kind in ("tool_execution_replayed", "tool_execution_refused"):
-            # Answered from a settled call's record, or refused: no handler ran either way.
-            refused = kind == "tool_execution_refused"
-            self.turn(data.get("turn_sequence")).items.append({
-                "replayed": True, "execution_id": opt_str(eid), "seq": seq,
-                "tool": opt_str(data.get("tool")), "call_id": opt_str(data.get("call_id")),
-                "at": t,
-                "outcome": "refused" if refused else opt_str(data.get("outcome")),
-                "refused_reason": opt_str(data.get("refused_reason")) if refused else None,
-                "answered_from_seq": data.get("answered_from_seq")
-                if type(data.get("answered_from_seq")) is int else None})
+        elif isinstance(kind, str) and kind in _DISPATCHES:  # a list kind is unhashable
+            self.turn(data.get("turn_sequence")).items.append(_dispatch(kind, seq, data, t))
         elif kind in ("llm_call_started",) and isinstance(eid, str):
             call = {"llm_call_id": eid, "seq": seq, "model": opt_str(data.get("model")),
                     "started_at": t,
@@ -174,21 +161,45 @@ class Builder:
                             pending=False)
 
 
+# Dispatches that ran no handler, by record kind: the list of the turn's JSON view that holds
+# each, named as the API names a blocked or refused dispatch's outcome (a replayed one has the
+# settled call's outcome and ToolResult.replayed).
+_DISPATCHES = {"tool_execution_blocked": "blocked", "tool_execution_replayed": "replayed",
+               "tool_execution_refused": "refused"}
+
+
+def _dispatch(kind: str, seq: int, data: dict[str, Any], t: float | None) -> dict[str, Any]:
+    """A blocked, replayed or refused dispatch: no handler ran for any of them."""
+    eid = subject_of(data)
+    item: dict[str, Any] = {
+        "list": _DISPATCHES[kind], "execution_id": opt_str(eid), "seq": seq,
+        "tool": opt_str(data.get("tool")), "call_id": opt_str(data.get("call_id")), "at": t}
+    if kind == "tool_execution_blocked":
+        item.update(outcome="blocked", blocked_by=str_list(data.get("blocked_by")),
+                    blocked_by_turns=int_list(data.get("blocked_by_turns")))
+    elif kind == "tool_execution_refused":
+        item.update(outcome="refused", refused_reason=opt_str(data.get("refused_reason")),
+                    settled_execution_id=opt_str(data.get("settled_execution_id")))
+    else:
+        answered = data.get("answered_from_seq")
+        item.update(outcome=opt_str(data.get("outcome")),
+                    answered_from_seq=answered if type(answered) is int else None)
+    return item
+
+
 def _resolution(data: dict[str, Any], t: float | None) -> dict[str, Any]:
     return {"outcome": opt_str(data.get("outcome", "resolved")),
             "actor": opt_str(data.get("actor")), "note": opt_str(data.get("note")), "at": t}
 
 
 def _turn_json(node: TurnNode) -> dict[str, Any]:
-    items: dict[str, list[Any]] = {"executions": [], "refused": [], "replayed": [],
-                                   "llm_calls": []}
+    items: dict[str, list[Any]] = {"executions": [], "blocked": [], "replayed": [],
+                                   "refused": [], "llm_calls": []}
     for item in node.items:
         if isinstance(item, Execution):
             items["executions"].append(item.as_json())
-        elif item.get("replayed"):
-            items["replayed"].append({k: v for k, v in item.items() if k != "replayed"})
-        elif item.get("refused"):
-            items["refused"].append({k: v for k, v in item.items() if k != "refused"})
+        elif "list" in item:
+            items[item["list"]].append({k: v for k, v in item.items() if k != "list"})
         else:
             items["llm_calls"].append(item)
     return {"turn_sequence": node.sequence, "state": node.state(),
@@ -216,7 +227,7 @@ def cmd_timeline(args: argparse.Namespace) -> int:
     turns = [_turn_json(builder.turns[key]) for key in order]
     code = EXIT_PROBLEMS if rec.blocked or log_scan.problems else EXIT_OK
     if args.json:
-        emit_json({"schema": "walj.timeline/2", "path": path, "log_id": log_scan.log_id,
+        emit_json({"schema": "walj.timeline/3", "path": path, "log_id": log_scan.log_id,
                    "blocked": rec.blocked, "log_ok": not log_scan.problems, "turns": turns})
         return code
     write_lines(_render(path, turns, rec.blocked, len(log_scan.problems)))
@@ -238,8 +249,8 @@ def _render(path: str, turns: list[dict[str, Any]], blocked: bool, problems: int
         rows.append(("", [f"{head}  {state}  {clock(turn['started_at'])}  "
                           f"{duration(turn['duration_seconds'])}"
                           f"{'  ' + marks if marks else ''}{settled}"]))
-        items = ([("x", e) for e in turn["executions"]] + [("r", r) for r in turn["refused"]]
-                 + [("p", p) for p in turn["replayed"]]
+        items = ([("x", e) for e in turn["executions"]] + [("b", b) for b in turn["blocked"]]
+                 + [("p", p) for p in turn["replayed"]] + [("r", r) for r in turn["refused"]]
                  + [("l", c) for c in turn["llm_calls"]])
         items.sort(key=lambda kv: int(kv[1]["seq"]))
         for i, (kind, item) in enumerate(items):
@@ -281,19 +292,23 @@ def _item_cells(kind: str, item: dict[str, Any]) -> list[str]:
         return [str(item["tool"]), str(item["call_id"]), item["outcome"],
                 duration(item["duration_seconds"]), " ".join(marks),
                 f"exec {str(item['execution_id'])[:12]}", detail]
-    if kind == "r":
-        count = len(item["blocked_by"]) + len(item["blocked_by_turns"])
-        return [str(item["tool"]), str(item["call_id"]), "REFUSED", "-", "BLOCKED-DISPATCH",
-                f"exec {str(item['execution_id'])[:12]}",
-                f"dispatch blocked by {count} blocker(s); nothing ran"]
-    if kind == "p":
-        if item["outcome"] == "refused":
-            return [str(item["tool"]), str(item["call_id"]), "REFUSED", "-", "SETTLED-CALL",
-                    f"exec {str(item['execution_id'])[:12]}",
-                    f"{item['refused_reason']}; nothing ran"]
-        return [str(item["tool"]), str(item["call_id"]), str(item["outcome"]), "-", "REPLAYED",
-                f"exec {str(item['execution_id'])[:12]}",
-                f"answered from record {item['answered_from_seq']}; nothing ran"]
+    if kind in ("b", "p", "r"):
+        return _dispatch_cells(kind, item)
     outcome = "pending" if item["pending"] else str(item["outcome"])
     return [f"llm {item['model'] or '-'}", "-", outcome, duration(item["duration_seconds"]),
             "PENDING" if item["pending"] else "", f"llm {str(item['llm_call_id'])[:12]}", ""]
+
+
+def _dispatch_cells(kind: str, item: dict[str, Any]) -> list[str]:
+    """A row for a dispatch that ran no handler. A blocked or refused one is marked with its
+    outcome's own name (the API's, the record kind's), a replayed one REPLAYED."""
+    mark = "REPLAYED" if kind == "p" else str(item["outcome"]).upper()
+    if kind == "b":
+        count = len(item["blocked_by"]) + len(item["blocked_by_turns"])
+        detail = f"the journal was blocked by {count} blocker(s)"
+    elif kind == "r":
+        detail = str(item["refused_reason"])
+    else:
+        detail = f"answered from record {item['answered_from_seq']}"
+    return [str(item["tool"]), str(item["call_id"]), str(item["outcome"]), "-", mark,
+            f"exec {str(item['execution_id'])[:12]}", f"{detail}; nothing ran"]

@@ -52,7 +52,7 @@ def cmd_resolve(args: argparse.Namespace) -> int:
     if (args.execution_id is None) == (args.turn is None):
         raise CliError("give either an EXECUTION_ID or --turn N")
     if args.turn is not None and args.outcome is not None:
-        raise CliError("--outcome is for an execution; a turn is settled without one")
+        raise CliError("--outcome is for an execution; a turn is resolved without one")
     if args.execution_id is not None and args.outcome is None:
         raise CliError("--outcome succeeded|failed|not_performed (reviewed for log damage) "
                        "is required")
