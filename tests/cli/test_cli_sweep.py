@@ -124,3 +124,39 @@ def test_sweep_of_clean_sessions_exits_0(root: Path, tmp_path: Path) -> None:
     assert "4 logs: 3 active, 1 ended" in run.out and "team/s-125" in run.out
     assert [line.split()[:2] for line in run.out.splitlines() if "s-005" in line] == [
         ["s-005", "ended"]]
+
+
+def test_sweep_lists_sessions_nested_in_a_session(tmp_path: Path) -> None:
+    """Sessions at every depth, below a session too; a session's own quarantine/ and
+    requests/ are not searched, a symbolic link back up is listed, never followed."""
+    root = tmp_path / "root"
+    make_journal(root / "user42", turns=1)
+    make_journal(root / "user42" / "thread7", turns=1, blocked=True)
+    make_journal(root / "user42" / "threads" / "t1", turns=1)
+    make_journal(root / "user42" / "thread7" / "sub", turns=1)
+    for own in ("quarantine", "requests"):  # a log there would be no session of ROOT's
+        make_journal(root / "user42" / own / "x", turns=1)
+    (root / "user42" / "loop").symlink_to(root)
+    run = walj_cli("sweep", root, "--json")
+    assert run.code == 1, run.err  # the blocked one, and the refused link
+    found = {str(Path(s["path"]).relative_to(root)): s["status"]
+             for s in run.json()["sessions"]}
+    assert found == {"user42": "active", "user42/thread7": "blocked",
+                     "user42/threads/t1": "active", "user42/thread7/sub": "active",
+                     "user42/loop": "unreadable"}
+    text = walj_cli("sweep", root)
+    assert "user42/thread7 " in text.out and "refused: symlink" in text.out
+
+
+def test_sweep_shows_the_age_of_a_blocked_session(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from walj.journal import _writes
+
+    monkeypatch.setattr(_writes, "now", lambda: time.time() - 40 * 86400)
+    make_journal(tmp_path / "root" / "b", turns=1, blocked=True)
+    run = walj_cli("sweep", tmp_path / "root")
+    assert run.code == 1
+    lines = run.out.splitlines()
+    assert lines[2].split()[:3] == ["LOG", "STATUS", "AGE"]
+    (row,) = [line.split() for line in lines if line.startswith("  b ")]
+    assert row[1] == "BLOCKED" and row[2].startswith(("39d", "40d"))
