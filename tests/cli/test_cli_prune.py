@@ -678,3 +678,55 @@ def test_prune_shows_the_age_of_a_blocked_session(tmp_path: Path,
     text = prune(tmp_path / "root", "--older-than", "30d")
     (row,) = [line.split() for line in text.out.splitlines() if line.startswith("  b ")]
     assert row[1] == "kept_blocked" and row[2].startswith(("39d", "40d"))
+
+
+@pytest.mark.skipif(STRACE is None, reason="strace is not installed")
+def test_syscall_order_of_an_idle_removal(tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """--include-idle: the end is written under the session's lock and synced before the
+    session is renamed to a tombstone (which is synced before the first unlink)."""
+    root = tmp_path / "root"
+    aged(monkeypatch, 40)
+    make_journal(root / "s", turns=1)
+    trace = tmp_path / "trace"
+    proc = subprocess.run(
+        [str(STRACE), "-f", "-qq", "-s", "256", "-o", str(trace), "-e",
+         "trace=openat,flock,write,pwrite64,fsync,fdatasync,rename,renameat,renameat2,unlink,"
+         "unlinkat,rmdir", sys.executable, "-m", "walj", "prune", str(root), "--older-than",
+         "30d", "--delete-unarchived", "--include-idle", "--jobs", "1"],
+        env=ENV, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert not (root / "s").exists()
+    lines = trace.read_text().splitlines()
+    calls = strace_calls("\n".join(lines))
+    assert len(calls) == len(lines)
+    (end,) = [i for i, line in enumerate(lines) if "session_ended" in line]
+    segment = calls[end][1]
+    assert calls[end][0] in ("write", "pwrite64") and segment.startswith(str(root / "s"))
+    locks = [i for i, call in enumerate(calls) if call == ("flock", str(root / "s" / "LOCK"))]
+    rename = next(i for i, (op, target) in enumerate(calls)
+                  if op.startswith("rename") and ".walj-pruning-s-" in target)
+    assert locks and locks[0] < end  # the end was written by the lock's holder
+    assert any(call in (("fsync", segment), ("fdatasync", segment))
+               for call in calls[end + 1:rename]), calls[end:rename]
+    first_unlink = next(i for i in range(rename, len(calls)) if calls[i][0] == "unlink")
+    assert ("fsync", str(root)) in calls[rename + 1:first_unlink]
+
+
+def test_an_idle_session_with_a_newer_record_under_its_lock_is_not_ended(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The re-check under the lock: a record newer than the cutoff (written since the check)
+    or a blocker keeps the session as it is, with no end written."""
+    aged(monkeypatch, 40)
+    make_journal(tmp_path / "a", turns=1)
+    make_journal(tmp_path / "b", turns=1, blocked=True)
+    monkeypatch.undo()
+    activity = last_at(tmp_path / "a")
+    before = {name: records(tmp_path / name) for name in ("a", "b")}
+    with pytest.raises(_retire.Kept, match="a record newer than"):
+        _retire.end_idle(str(tmp_path / "a"), activity - 1.0)
+    with pytest.raises(_retire.Kept, match="blocked"):
+        _retire.end_idle(str(tmp_path / "b"), time.time())
+    assert {name: records(tmp_path / name) for name in ("a", "b")} == before
+    assert _retire.end_idle(str(tmp_path / "a"), activity) == len(before["a"]) + 1
+    assert records(tmp_path / "a")[-1][1]["at"] == activity

@@ -125,8 +125,12 @@ def _retire_whole(entry: dict[str, Any], args: argparse.Namespace, age: float,
     if found.nested:
         return _result(entry, "kept_nested", f"{found.reason_kept()}", age)
     if args.dry_run:
+        said = ["would end it first"] if idle else []
+        if found.quarantined and args.archive is not None:
+            said.append(f"only if its {len(found.quarantined)} quarantined file(s) verify in "
+                        "the archive")
         return _result(entry, "would_remove_idle" if idle else "would_remove",
-                       "would end it first, then remove it" if idle else None, age)
+                       "; ".join(said) or None, age)
     notes: list[str] = []
 
     def removed() -> dict[str, Any]:
