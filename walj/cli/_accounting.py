@@ -111,6 +111,22 @@ def _survey_quarantine(path: str, found: Survey) -> None:
     found.dirs.append(QUARANTINE_DIR)
 
 
+def _ancestors(path: str) -> set[int]:
+    """The inodes of `path` and of every directory above it on its file system."""
+    found: set[int] = set()
+    here = os.path.abspath(path)
+    device = os.lstat(here).st_dev
+    while True:
+        st = os.lstat(here)
+        if st.st_dev != device:
+            return found
+        found.add(st.st_ino)
+        parent = os.path.dirname(here)
+        if parent == here:
+            return found
+        here = parent
+
+
 def _survey_subtree(path: str, name: str, gone: frozenset[str], found: Survey) -> None:
     """A directory walj did not make: another session (or a tombstone) somewhere below it
     keeps the parent as `nested`; any file or link as `unaccounted`; empty directories go."""
@@ -122,11 +138,19 @@ def _survey_subtree(path: str, name: str, gone: frozenset[str], found: Survey) -
     def unlistable(exc: OSError) -> None:
         other.append(f"{os.path.relpath(exc.filename or top, path)}: cannot be listed")
 
+    device = os.lstat(path).st_dev
+    seen = _ancestors(path)  # a bind mount of one of them would loop
     for dirpath, dirnames, filenames in os.walk(top, onerror=unlistable):
         if os.path.normpath(dirpath) in gone:
             dirnames[:] = []
             continue
         relative = os.path.relpath(dirpath, path)
+        here = os.lstat(dirpath)
+        if here.st_dev != device or here.st_ino in seen:  # a mount: a loop, or not ours
+            other.append(f"{relative}: a mount point (or a loop back up), not searched")
+            dirnames[:] = []
+            continue
+        seen.add(here.st_ino)
         if any(is_segment(f) for f in filenames) or \
                 os.path.basename(dirpath).startswith(TOMBSTONE_PREFIX):
             sessions.append(relative)
