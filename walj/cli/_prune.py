@@ -121,9 +121,9 @@ def _retire_whole(entry: dict[str, Any], args: argparse.Namespace, age: float,
     except OSError as exc:
         return _result(entry, "failed", f"cannot list it: {exc.strerror}", age)
     if found.unaccounted:
-        return _result(entry, "kept_unaccounted", f"{found.reason_kept()}", age)
+        return _result(entry, "kept_unaccounted", found.reason_kept(), age)
     if found.nested:
-        return _result(entry, "kept_nested", f"{found.reason_kept()}", age)
+        return _result(entry, "kept_nested", found.reason_kept(), age)
     if args.dry_run:
         said = ["would end it first"] if idle else []
         if found.quarantined and args.archive is not None:
