@@ -18,7 +18,15 @@ from typing import Any
 
 import pytest
 from archive_helpers import Archive
-from cli_helpers import ENV, REPO, Run, assert_one_line_error, make_journal, snapshot
+from cli_helpers import (
+    ENV,
+    REPO,
+    Run,
+    assert_one_line_error,
+    make_journal,
+    snapshot,
+    walj_cli,
+)
 from helpers import strace_calls
 
 import walj
@@ -376,3 +384,349 @@ def test_syscall_order_of_a_removal(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert {"seg-0000000001.jsonl", "LOCK"} <= unlinked
     rmdir = after.index(("rmdir", tombstone))
     assert ("fsync", str(root)) in after[rmdir + 1:], after
+
+
+# --- accounting for every byte: nested sessions, unknown files, quarantine ---------------------
+
+
+def hold(path: Path) -> subprocess.Popen[str]:
+    """A live writer: a child process holding the journal at `path` open until killed."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(path)], env=ENV,
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None and holder.stdout.readline() == "ready\n"
+    return holder
+
+
+def stop(holder: subprocess.Popen[str]) -> None:
+    holder.kill()
+    holder.wait()
+
+
+def archived_sessions(archive: Path) -> set[str]:
+    return {p.name for p in archive.iterdir()} if archive.exists() else set()
+
+
+def test_prune_keeps_a_session_nested_in_an_old_session(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An ended per-user journal holding a blocked per-thread journal that a live writer has
+    open: the thread is checked and kept, the user's directory is kept around it, nothing is
+    shipped or deleted, and both are reported."""
+    root = tmp_path / "root"
+    aged(monkeypatch, 40)
+    ended(root / "user42")
+    make_journal(root / "user42" / "thread7", blocked=True)
+    holder = hold(root / "user42" / "thread7")
+    try:
+        tree = snapshot(root)
+        run = prune(root, "--older-than", "0s", "--archive", f"file://{tmp_path}/archive",
+                    "--json")
+        assert run.code == 1, run.err  # blocked
+        sessions = {_relpath(s["path"], root): s for s in run.json()["sessions"]}
+        assert {k: s["action"] for k, s in sessions.items()} == {
+            "user42": "kept_nested", "user42/thread7": "kept_blocked"}
+        assert "thread7: another session" in sessions["user42"]["detail"]
+        assert snapshot(root) == tree  # not a byte, not a lock file
+        assert archived_sessions(tmp_path / "archive") == set()  # kept before any upload
+        assert holder.poll() is None
+        text = prune(root, "--older-than", "0s", "--archive", f"file://{tmp_path}/archive")
+        assert text.code == 1
+        rows = {line.split()[0]: line.split()[1] for line in text.out.splitlines()[2:]
+                if line.startswith("  ") and not line.startswith("  SESSION")}
+        assert rows == {"user42": "kept_nested", "user42/thread7": "kept_blocked"}
+    finally:
+        stop(holder)
+
+
+def _relpath(path: str, root: Path) -> str:
+    return os.path.relpath(path, root)
+
+
+def test_prune_removes_a_nested_session_before_the_one_around_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Children first: an ended thread below an ended user goes, then the user, in one run;
+    a dry run says both would go and changes nothing."""
+    root = tmp_path / "root"
+    aged(monkeypatch, 40)
+    ended(root / "user42")
+    ended(root / "user42" / "threads" / "t1")
+    ended(root / "user42" / "threads" / "t2")
+    tree = snapshot(root)
+    dry = prune(root, "--older-than", "30d", "--delete-unarchived", "--dry-run", "--json")
+    assert {_relpath(s["path"], root): s["action"] for s in dry.json()["sessions"]} == {
+        "user42": "would_remove", "user42/threads/t1": "would_remove",
+        "user42/threads/t2": "would_remove"}
+    assert snapshot(root) == tree
+    run = prune(root, "--older-than", "30d", "--delete-unarchived", "--json")
+    assert run.code == 0, run.err
+    assert [(_relpath(s["path"], root), s["action"]) for s in run.json()["sessions"]] == [
+        ("user42", "removed"), ("user42/threads/t1", "removed"),
+        ("user42/threads/t2", "removed")]
+    assert list(root.iterdir()) == []
+
+
+def test_prune_keeps_a_session_whose_nested_session_stays(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A young thread keeps the old user around it; once the thread is gone, so is the user."""
+    root = tmp_path / "root"
+    aged(monkeypatch, 40)
+    ended(root / "user42")
+    aged(monkeypatch, 2)
+    ended(root / "user42" / "thread7")
+    run = prune(root, "--older-than", "30d", "--delete-unarchived", "--json")
+    assert run.code == 0, run.err  # kept_nested is no problem: the thread is fine
+    assert {_relpath(s["path"], root): s["action"] for s in run.json()["sessions"]} == {
+        "user42": "kept_nested", "user42/thread7": "kept_young"}
+    assert (root / "user42" / "seg-0000000001.jsonl").exists()
+    run = prune(root, "--older-than", "1d", "--delete-unarchived", "--json")
+    assert run.code == 0 and list(root.iterdir()) == [], run.out
+
+
+@pytest.mark.parametrize("stray, reason", [
+    ("notes.txt", "notes.txt: a file walj did not write"),
+    ("requests/r1.json", "requests/: requests to the session's writer are pending"),
+    ("scratch/deep/x.bin", "scratch/deep/x.bin: not walj's"),
+    ("quarantine/sub/x.bin", "quarantine/sub: a directory walj does not make"),
+])
+def test_an_unknown_file_keeps_a_session(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                         stray: str, reason: str) -> None:
+    root = tmp_path / "root"
+    aged(monkeypatch, 40)
+    ended(root / "s")
+    (root / "s" / stray).parent.mkdir(parents=True, exist_ok=True)
+    (root / "s" / stray).write_text("not walj's")
+    tree = snapshot(root)
+    run = prune(root, "--older-than", "30d", "--delete-unarchived", "--json")
+    assert run.code == 1, run.err  # a person must decide about it
+    assert by_name(run)["s"]["action"] == "kept_unaccounted"
+    assert reason in by_name(run)["s"]["detail"]
+    assert snapshot(root) == tree
+    text = prune(root, "--older-than", "30d", "--delete-unarchived")
+    assert "kept_unaccounted" in text.out and "cannot account for" in text.out
+
+
+def test_a_symlink_in_a_session_keeps_it_and_its_target_is_untouched(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "root"
+    aged(monkeypatch, 40)
+    ended(root / "s")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious").write_text("keep me")
+    (root / "s" / "link").symlink_to(outside)
+    run = prune(root, "--older-than", "30d", "--delete-unarchived", "--json")
+    assert run.code == 1
+    assert by_name(run)["s"]["action"] == "kept_unaccounted"
+    assert (outside / "precious").read_text() == "keep me"
+    assert (root / "s" / "seg-0000000001.jsonl").exists()
+
+
+def test_empty_directories_in_a_session_hold_no_byte_and_go(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "root"
+    aged(monkeypatch, 40)
+    ended(root / "s")
+    (root / "s" / "requests").mkdir()
+    (root / "s" / "threads" / "old").mkdir(parents=True)
+    run = prune(root, "--older-than", "30d", "--delete-unarchived", "--json")
+    assert run.code == 0 and by_name(run)["s"]["action"] == "removed", run.out
+    assert list(root.iterdir()) == []
+
+
+def quarantined(path: Path) -> list[str]:
+    """A session whose writer found a torn tail on open, moved it to quarantine/ and recorded
+    the cut (explained by a crash: it does not block), then ended."""
+    make_journal(path, turns=2)
+    last = sorted(path.glob("seg-*.jsonl"))[-1]
+    with open(last, "ab") as f:
+        f.write(b'{"xxh64":"0123456789abcdef","seq":99,"da')
+    with walj.ToolJournal.open(path) as journal:
+        assert not journal.recovery.blocked
+        journal.end()
+    return sorted(p.name for p in (path / "quarantine").iterdir())
+
+
+def test_prune_archive_keeps_a_session_whose_quarantine_is_not_archived(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its segments alone are shipped and verified; the cut bytes in quarantine/ are in no
+    verified copy, so the directory stays, and the report says why."""
+    root = tmp_path / "root"
+    aged(monkeypatch, 40)
+    files = quarantined(root / "s")
+    assert "MANIFEST.jsonl" in files and len(files) == 2
+    tree = without_lock(snapshot(root))
+    run = prune(root, "--older-than", "30d", "--archive", f"file://{tmp_path}/archive",
+                "--json")
+    assert run.code == 1, run.err
+    result = by_name(run)["s"]
+    assert result["action"] == "kept_unaccounted"
+    assert "quarantine/" in result["detail"] and "not verified in the archive" in \
+        result["detail"]
+    assert without_lock(snapshot(root)) == tree
+    assert not list(root.glob(".walj-pruning-*"))
+
+
+def test_prune_deleting_unarchived_says_it_deleted_quarantined_bytes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "root"
+    aged(monkeypatch, 40)
+    quarantined(root / "s")
+    ended(root / "clean")
+    run = prune(root, "--older-than", "30d", "--delete-unarchived", "--json")
+    assert run.code == 0, run.err
+    assert by_name(run)["s"]["action"] == "removed"
+    assert by_name(run)["s"]["quarantine_unarchived"] == 2
+    assert "2 quarantined file(s) deleted unarchived" in by_name(run)["s"]["detail"]
+    assert by_name(run)["clean"]["quarantine_unarchived"] == 0
+    assert list(root.iterdir()) == []
+
+
+def test_a_tombstone_holding_another_session_is_kept(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """What an older prune left (it renamed a user's directory with a thread inside): the
+    tombstone's own files go only if everything in it is bookkeeping; here it is kept."""
+    root = tmp_path / "root"
+    aged(monkeypatch, 40)
+    ended(root / ".walj-pruning-user42-0001")
+    ended(root / ".walj-pruning-user42-0001" / "thread7")
+    tree = snapshot(root)
+    dry = prune(root, "--older-than", "30d", "--delete-unarchived", "--dry-run", "--json")
+    assert by_name(dry)[".walj-pruning-user42-0001"]["action"] == "kept_nested"
+    run = prune(root, "--older-than", "30d", "--delete-unarchived", "--json")
+    assert by_name(run)[".walj-pruning-user42-0001"]["action"] == "kept_nested"
+    assert "thread7" in by_name(run)[".walj-pruning-user42-0001"]["detail"]
+    assert without_lock(snapshot(root)) == without_lock(tree)
+
+
+# --- idle sessions, and the age upkeep carries forward -----------------------------------------
+
+
+def last_at(path: Path | str) -> float:
+    return [data["at"] for _, data in records(path)][-1]
+
+
+def test_include_idle_removes_an_idle_session_and_leaves_blocked_live_and_young(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "root"
+    archive = tmp_path / "archive"
+    aged(monkeypatch, 40)
+    make_journal(root / "idle", turns=2)  # a framework session: never ended
+    make_journal(root / "blocked", blocked=True)
+    make_journal(root / "live", turns=2)
+    aged(monkeypatch, 2)
+    make_journal(root / "young", turns=2)
+    idle_records, idle_at = records(root / "idle"), last_at(root / "idle")
+    holder = hold(root / "live")
+    try:
+        kept = {name: without_lock(snapshot(root / name)) for name in ("blocked", "live",
+                                                                        "young")}
+        # Without the flag, nothing changes for it: it is compacted (nothing to drop here).
+        plain = prune(root, "--older-than", "30d", "--archive", f"file://{archive}", "--json")
+        assert by_name(plain)["idle"]["action"] == "kept_active"
+        tree = snapshot(root)
+        dry = prune(root, "--older-than", "30d", "--archive", f"file://{archive}",
+                    "--include-idle", "--dry-run", "--json")
+        assert by_name(dry)["idle"]["action"] == "would_remove_idle"
+        assert snapshot(root) == tree
+        run = prune(root, "--older-than", "30d", "--archive", f"file://{archive}",
+                    "--include-idle", "--json")
+        assert run.code == 1, run.err  # the blocked one
+        assert run.json()["include_idle"] is True
+        assert {n: s["action"] for n, s in by_name(run).items()} == {
+            "idle": "removed_idle", "blocked": "kept_blocked", "live": "busy",
+            "young": "kept_young"}
+        assert "ended by prune" in by_name(run)["idle"]["detail"]
+        for name, before in kept.items():
+            assert without_lock(snapshot(root / name)) == before, name
+        assert not (root / "idle").exists()
+        # The archive holds every record, then the end prune wrote, dated at the last activity.
+        (copy,) = [p for p in archive.iterdir()]
+        history = records(f"file://{copy}")
+        assert history[:len(idle_records)] == idle_records
+        assert history[-1][1]["kind"] == "session_ended"
+        assert history[-1][1]["at"] == idle_at
+    finally:
+        stop(holder)
+
+
+def test_a_prune_that_compacts_an_idle_session_does_not_make_it_younger(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compacted at a 30-day cutoff, the session (40 days idle) is still 40 days old to the
+    next prune at a 35-day cutoff: the checkpoint carried its last activity's time."""
+    root = tmp_path / "root"
+    aged(monkeypatch, 40)
+    make_journal(root / "s", turns=6, segment_bytes=1024)
+    activity = last_at(root / "s")
+    first = prune(root, "--older-than", "30d", "--delete-unarchived", "--json")
+    assert by_name(first)["s"]["action"] == "compacted", first.out
+    assert records(root / "s")[0][1]["kind"] == "checkpoint"
+    assert last_at(root / "s") == activity
+    sweep = walj_cli("sweep", root, "--json").json()["sessions"][0]
+    assert sweep["last_record_at"] == activity
+    second = prune(root, "--older-than", "35d", "--delete-unarchived", "--include-idle",
+                   "--json")
+    assert by_name(second)["s"]["action"] == "removed_idle", second.out
+    assert 39 * DAY < by_name(second)["s"]["age_seconds"] < 41 * DAY
+    assert list(root.iterdir()) == []
+
+
+def test_prune_shows_the_age_of_a_blocked_session(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    aged(monkeypatch, 40)
+    make_journal(tmp_path / "root" / "b", blocked=True)
+    run = prune(tmp_path / "root", "--older-than", "30d", "--json")
+    assert 39 * DAY < by_name(run)["b"]["age_seconds"] < 41 * DAY
+    text = prune(tmp_path / "root", "--older-than", "30d")
+    (row,) = [line.split() for line in text.out.splitlines() if line.startswith("  b ")]
+    assert row[1] == "kept_blocked" and row[2].startswith(("39d", "40d"))
+
+
+@pytest.mark.skipif(STRACE is None, reason="strace is not installed")
+def test_syscall_order_of_an_idle_removal(tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """--include-idle: the end is written under the session's lock and synced before the
+    session is renamed to a tombstone (which is synced before the first unlink)."""
+    root = tmp_path / "root"
+    aged(monkeypatch, 40)
+    make_journal(root / "s", turns=1)
+    trace = tmp_path / "trace"
+    proc = subprocess.run(
+        [str(STRACE), "-f", "-qq", "-s", "256", "-o", str(trace), "-e",
+         "trace=openat,flock,write,pwrite64,fsync,fdatasync,rename,renameat,renameat2,unlink,"
+         "unlinkat,rmdir", sys.executable, "-m", "walj", "prune", str(root), "--older-than",
+         "30d", "--delete-unarchived", "--include-idle", "--jobs", "1"],
+        env=ENV, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert not (root / "s").exists()
+    lines = trace.read_text().splitlines()
+    calls = strace_calls("\n".join(lines))
+    assert len(calls) == len(lines)
+    (end,) = [i for i, line in enumerate(lines) if "session_ended" in line]
+    segment = calls[end][1]
+    assert calls[end][0] in ("write", "pwrite64") and segment.startswith(str(root / "s"))
+    locks = [i for i, call in enumerate(calls) if call == ("flock", str(root / "s" / "LOCK"))]
+    rename = next(i for i, (op, target) in enumerate(calls)
+                  if op.startswith("rename") and ".walj-pruning-s-" in target)
+    assert locks and locks[0] < end  # the end was written by the lock's holder
+    assert any(call in (("fsync", segment), ("fdatasync", segment))
+               for call in calls[end + 1:rename]), calls[end:rename]
+    first_unlink = next(i for i in range(rename, len(calls)) if calls[i][0] == "unlink")
+    assert ("fsync", str(root)) in calls[rename + 1:first_unlink]
+
+
+def test_an_idle_session_with_a_newer_record_under_its_lock_is_not_ended(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The re-check under the lock: a record newer than the cutoff (written since the check)
+    or a blocker keeps the session as it is, with no end written."""
+    aged(monkeypatch, 40)
+    make_journal(tmp_path / "a", turns=1)
+    make_journal(tmp_path / "b", turns=1, blocked=True)
+    monkeypatch.undo()
+    activity = last_at(tmp_path / "a")
+    before = {name: records(tmp_path / name) for name in ("a", "b")}
+    with pytest.raises(_retire.Kept, match="a record newer than"):
+        _retire.end_idle(str(tmp_path / "a"), activity - 1.0)
+    with pytest.raises(_retire.Kept, match="blocked"):
+        _retire.end_idle(str(tmp_path / "b"), time.time())
+    assert {name: records(tmp_path / name) for name in ("a", "b")} == before
+    assert _retire.end_idle(str(tmp_path / "a"), activity) == len(before["a"]) + 1
+    assert records(tmp_path / "a")[-1][1]["at"] == activity

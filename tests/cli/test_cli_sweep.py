@@ -4,12 +4,16 @@ process."""
 
 from __future__ import annotations
 
+import json
+import shlex
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
-from cli_helpers import flip_byte, make_journal, record_offset, walj_cli
+from cli_helpers import ENV, REPO, flip_byte, make_journal, record_offset, walj_cli
 from helpers import segments
 
 import walj
@@ -124,3 +128,85 @@ def test_sweep_of_clean_sessions_exits_0(root: Path, tmp_path: Path) -> None:
     assert "4 logs: 3 active, 1 ended" in run.out and "team/s-125" in run.out
     assert [line.split()[:2] for line in run.out.splitlines() if "s-005" in line] == [
         ["s-005", "ended"]]
+
+
+def test_sweep_lists_sessions_nested_in_a_session(tmp_path: Path) -> None:
+    """Sessions at every depth, below a session too; a session's own quarantine/ and
+    requests/ are not searched, a symbolic link back up is listed, never followed."""
+    root = tmp_path / "root"
+    make_journal(root / "user42", turns=1)
+    make_journal(root / "user42" / "thread7", turns=1, blocked=True)
+    make_journal(root / "user42" / "threads" / "t1", turns=1)
+    make_journal(root / "user42" / "thread7" / "sub", turns=1)
+    for own in ("quarantine", "requests"):  # a log there would be no session of ROOT's
+        make_journal(root / "user42" / own / "x", turns=1)
+    (root / "user42" / "loop").symlink_to(root)
+    run = walj_cli("sweep", root, "--json")
+    assert run.code == 1, run.err  # the blocked one, and the refused link
+    found = {str(Path(s["path"]).relative_to(root)): s["status"]
+             for s in run.json()["sessions"]}
+    assert found == {"user42": "active", "user42/thread7": "blocked",
+                     "user42/threads/t1": "active", "user42/thread7/sub": "active",
+                     "user42/loop": "unreadable"}
+    text = walj_cli("sweep", root)
+    assert "user42/thread7 " in text.out and "refused: symlink" in text.out
+
+
+def test_sweep_shows_the_age_of_a_blocked_session(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from walj.journal import _writes
+
+    monkeypatch.setattr(_writes, "now", lambda: time.time() - 40 * 86400)
+    make_journal(tmp_path / "root" / "b", turns=1, blocked=True)
+    run = walj_cli("sweep", tmp_path / "root")
+    assert run.code == 1
+    lines = run.out.splitlines()
+    assert lines[2].split()[:3] == ["LOG", "STATUS", "AGE"]
+    (row,) = [line.split() for line in lines if line.startswith("  b ")]
+    assert row[1] == "BLOCKED" and row[2].startswith(("39d", "40d"))
+
+
+UNSHARE = shutil.which("unshare")
+
+
+def _in_own_mount_namespace(script: str) -> subprocess.CompletedProcess[str]:
+    """`sh -c script` in a user and mount namespace of its own: its mounts vanish with it."""
+    assert UNSHARE is not None
+    return subprocess.run([UNSHARE, "-rm", "sh", "-c", script], env=ENV, cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.skipif(UNSHARE is None, reason="unshare is not installed")
+def test_a_bind_mount_loop_is_searched_once_and_never_pruned_through(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ROOT bound again below a session inside ROOT: sweep lists the loop once as refused and
+    ends; prune keeps the session around the mount point and deletes nothing through it."""
+    if _in_own_mount_namespace("true").returncode != 0:
+        pytest.skip("no user and mount namespaces here")
+    from walj.journal import _writes
+
+    root = tmp_path / "root"
+    monkeypatch.setattr(_writes, "now", lambda: time.time() - 40 * 86400)
+    make_journal(root / "user42", turns=1)
+    with walj.ToolJournal.open(root / "user42") as journal:
+        journal.end()
+    (root / "user42" / "again").mkdir()
+    mount = f"mount --bind {shlex.quote(str(root))} {shlex.quote(str(root / 'user42/again'))}"
+    walj_cmd = f"{shlex.quote(sys.executable)} -m walj"
+    run = _in_own_mount_namespace(f"{mount} && {walj_cmd} sweep {shlex.quote(str(root))} "
+                                  "--json")
+    assert run.returncode == 1, run.stderr
+    found = {str(Path(s["path"]).relative_to(root)): (s["status"], s["detail"])
+             for s in json.loads(run.stdout)["sessions"]}
+    assert found["user42"][0] == "ended"
+    assert found["user42/again"][0] == "unreadable"
+    assert "a bind mount" in found["user42/again"][1]
+    assert len(found) == 2
+    run = _in_own_mount_namespace(f"{mount} && {walj_cmd} prune {shlex.quote(str(root))} "
+                                  "--older-than 30d --delete-unarchived --json")
+    actions = {str(Path(s["path"]).relative_to(root)): (s["action"], s["detail"])
+               for s in json.loads(run.stdout)["sessions"]}
+    assert actions["user42"][0] == "kept_unaccounted", actions
+    assert "again: a mount point" in actions["user42"][1]
+    assert actions["user42/again"][0] == "kept_problem"
+    assert (root / "user42" / "seg-0000000001.jsonl").exists()

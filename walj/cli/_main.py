@@ -204,6 +204,9 @@ def build_parser(prog: str = "walj") -> argparse.ArgumentParser:
                    "before anything local is deleted (s3://bucket/prefix, file:///path, ...)")
     p.add_argument("--delete-unarchived", action="store_true",
                    help="remove old ended sessions without archiving them first")
+    p.add_argument("--include-idle", action="store_true",
+                   help="also end and remove an active session with no blocker, no live "
+                   "writer and no record newer than --older-than")
     p.add_argument("--keep-turns", type=int, default=0, metavar="N",
                    help="compaction keeps the last N turns readable locally (default 0)")
     p.add_argument("--dry-run", action="store_true", help="say what would be done, do nothing")

@@ -1,5 +1,7 @@
-"""`walj prune ROOT --older-than AGE`: retention over a root of sessions. Ended sessions are
-archived, then removed; long active ones compacted; a blocked one is never touched."""
+"""`walj prune ROOT --older-than AGE`: retention over a root of sessions. Ended sessions (and,
+with --include-idle, idle ones) are archived, then removed; long active ones compacted; a
+blocked one is never touched; a directory is removed only when every entry in it is accounted
+for."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from typing import Any
 
 from ..errors import WaljError
 from ..journal._recovery import MAX_KEEP_TURNS
+from ._accounting import survey
 from ._common import (
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -24,14 +27,27 @@ from ._common import (
     table,
     write_lines,
 )
-from ._retire import Busy, Kept, compact, finish_tombstone, remove, segment_count
-from ._sweep import _progress, _relative, find_logs, run_checks
+from ._retire import (
+    Busy,
+    Kept,
+    Nested,
+    Removal,
+    Unaccounted,
+    compact,
+    end_idle,
+    finish_tombstone,
+    remove,
+)
+from ._sweep import _progress, _relative, age_of, find_logs, run_checks, segment_count
 
-ACTIONS = ("removed", "compacted", "finished_removal", "would_remove", "would_compact",
-           "would_finish_removal", "kept_young", "kept_active", "kept_unarchived",
-           "kept_changed", "busy", "kept_blocked", "kept_problem", "failed")
-PROBLEMS = frozenset({"kept_blocked", "kept_problem", "failed"})  # exit 1
+ACTIONS = ("removed", "removed_idle", "compacted", "finished_removal", "would_remove",
+           "would_remove_idle", "would_compact", "would_finish_removal", "kept_young",
+           "kept_active", "kept_unarchived", "kept_nested", "kept_unaccounted", "kept_changed",
+           "busy", "kept_blocked", "kept_problem", "failed")
+PROBLEMS = frozenset({"kept_blocked", "kept_problem", "kept_unaccounted", "failed"})  # exit 1
 QUIET = frozenset({"kept_young", "kept_active"})  # listed with --all only
+GOING = frozenset({"removed", "removed_idle", "finished_removal", "would_remove",
+                   "would_remove_idle", "would_finish_removal"})
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _AGE = re.compile(r"(\d{1,9})([smhdw])")
 
@@ -49,45 +65,32 @@ def _result(entry: dict[str, Any], action: str, detail: str | None = None,
             age: float | None = None, **fields: Any) -> dict[str, Any]:
     result = {"path": entry["path"], "action": action, "status": entry.get("status"),
               "last_record_at": entry.get("last_record_at"), "age_seconds": age,
-              "archived": [], "dropped_segments": 0, "detail": detail}
+              "archived": [], "dropped_segments": 0, "quarantine_unarchived": 0,
+              "detail": detail}
     result.update(fields)
     return result
 
 
-def _age(entry: dict[str, Any], now: float) -> float | None:
-    at = entry.get("last_record_at")
-    if at is None:  # a plain log, or records with no time: the newest segment's mtime
-        at = segment_count(entry["path"])[1]
-    return None if at is None else max(0.0, now - at)
-
-
 def decide(entry: dict[str, Any], args: argparse.Namespace, older_than: float,
-           now: float) -> dict[str, Any]:
-    """What to do with one checked session, done (or, with --dry-run, only said)."""
+           now: float, gone: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """What to do with one checked session, done (or, with --dry-run, only said). `gone`:
+    the directories a dry run said it would remove."""
     status = entry["status"]
+    age = age_of(entry, now)
     if status == "blocked":
-        return _result(entry, "kept_blocked", f"never removed while blocked: {entry['detail']}")
+        return _result(entry, "kept_blocked", f"never removed while blocked: {entry['detail']}",
+                       age)
     if status not in ("active", "ended"):
-        return _result(entry, "kept_problem", f"{status}: {entry['detail']}")
-    age = _age(entry, now)
+        return _result(entry, "kept_problem", f"{status}: {entry['detail']}", age)
     if age is None or age < older_than:
         return _result(entry, "kept_young", age=age)
     if status == "ended":
-        if args.archive is None and not args.delete_unarchived:
-            return _result(entry, "kept_unarchived", "ended: give --archive URL to archive "
-                           "then remove it, or --delete-unarchived", age)
-        if args.dry_run:
-            return _result(entry, "would_remove", None, age)
-
-        def removed() -> dict[str, Any]:
-            archived = remove(entry["path"], args.archive, entry["last_seq"])
-            return _result(entry, "removed", "archived and verified first" if archived else
-                           "not archived (--delete-unarchived)", age, archived=archived)
-
-        return _attempt(entry, age, removed)
+        return _retire_whole(entry, args, age, None, gone)
     if entry["plain"]:
         return _result(entry, "kept_active", "a plain walj log: prune compacts tool journals "
                        "only (Log.drop_before is the plain log's call)", age)
+    if args.include_idle:
+        return _retire_whole(entry, args, age, now - older_than, gone)
     if segment_count(entry["path"])[0] < 2:
         return _result(entry, "kept_active", "nothing sealed to compact", age)
     if args.dry_run:
@@ -104,31 +107,101 @@ def decide(entry: dict[str, Any], args: argparse.Namespace, older_than: float,
     return _attempt(entry, age, compacted)
 
 
-def _attempt(entry: dict[str, Any], age: float, step: Callable[[], dict[str, Any]]
-             ) -> dict[str, Any]:
-    """Run one session's step; what stopped it is that session's action, never the run's."""
+def _retire_whole(entry: dict[str, Any], args: argparse.Namespace, age: float,
+                  idle_since: float | None, gone: frozenset[str]) -> dict[str, Any]:
+    """Remove an old ended session, or (`idle_since` given) end an idle one first, as upkeep
+    that keeps its age, and remove it then."""
+    idle = idle_since is not None
+    what = "idle: never ended, no record for longer than --older-than" if idle else "ended"
+    if args.archive is None and not args.delete_unarchived:
+        return _result(entry, "kept_unarchived", f"{what}: give --archive URL to archive then "
+                       "remove it, or --delete-unarchived", age)
+    try:  # before any lock or upload: a directory that would be kept anyway is left alone
+        found = survey(entry["path"], gone if args.dry_run else frozenset())
+    except OSError as exc:
+        return _result(entry, "failed", f"cannot list it: {exc.strerror}", age)
+    if found.unaccounted:
+        return _result(entry, "kept_unaccounted", found.reason_kept(), age)
+    if found.nested:
+        return _result(entry, "kept_nested", found.reason_kept(), age)
+    if args.dry_run:
+        said = ["would end it first"] if idle else []
+        if found.quarantined and args.archive is not None:
+            said.append(f"only if its {len(found.quarantined)} quarantined file(s) verify in "
+                        "the archive")
+        return _result(entry, "would_remove_idle" if idle else "would_remove",
+                       "; ".join(said) or None, age)
+    notes: list[str] = []
+
+    def removed() -> dict[str, Any]:
+        expected = entry["last_seq"]
+        if idle_since is not None:
+            expected = end_idle(entry["path"], idle_since)
+            notes.append("ended by prune (idle)")
+        done: Removal = remove(entry["path"], args.archive, expected)
+        detail = "archived and verified first" if done.archived else \
+            "not archived (--delete-unarchived)"
+        if done.quarantine_unarchived:
+            detail += f"; {done.quarantine_unarchived} quarantined file(s) deleted unarchived"
+        return _result(entry, "removed_idle" if idle else "removed", "; ".join([*notes, detail]),
+                       age, archived=done.archived,
+                       quarantine_unarchived=done.quarantine_unarchived)
+
+    return _attempt(entry, age, removed, notes)
+
+
+def _attempt(entry: dict[str, Any], age: float, step: Callable[[], dict[str, Any]],
+             notes: list[str] | None = None) -> dict[str, Any]:
+    """Run one session's step; what stopped it is that session's action, never the run's.
+    `notes`: what the step did before it stopped, put before the reason."""
+
+    def said(exc: BaseException) -> str:
+        return "; ".join([*(notes or []), str(exc)])
+
     try:
         return step()
     except Busy as exc:
-        return _result(entry, "busy", str(exc), age)
+        return _result(entry, "busy", said(exc), age)
+    except Nested as exc:
+        return _result(entry, "kept_nested", said(exc), age)
+    except Unaccounted as exc:
+        return _result(entry, "kept_unaccounted", said(exc), age)
     except Kept as exc:
-        return _result(entry, "kept_changed", str(exc), age)
+        return _result(entry, "kept_changed", said(exc), age)
     except (WaljError, OSError) as exc:
-        return _result(entry, "failed", str(exc), age)
+        return _result(entry, "failed", said(exc), age)
 
 
 def _finish(tombstone: str, dry_run: bool) -> dict[str, Any]:
     entry = {"path": tombstone, "status": None}
     detail = "what an interrupted prune left (sessions it had verified and renamed)"
     if dry_run:
+        try:
+            found = survey(tombstone)
+        except OSError as exc:
+            return _result(entry, "failed", f"cannot list it: {exc.strerror}")
+        if found.reason_kept() is not None:
+            return _result(entry, "kept_unaccounted" if found.unaccounted else "kept_nested",
+                           found.reason_kept())
         return _result(entry, "would_finish_removal", detail)
     try:
         finish_tombstone(tombstone)
     except Busy as exc:
         return _result(entry, "busy", str(exc))
+    except Nested as exc:
+        return _result(entry, "kept_nested", str(exc))
+    except Unaccounted as exc:
+        return _result(entry, "kept_unaccounted", str(exc))
     except OSError as exc:
         return _result(entry, "failed", str(exc))
     return _result(entry, "finished_removal", detail)
+
+
+def _depth_first(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The deepest sessions first: a session below another is handled before the one above,
+    whose removal then finds it gone or keeps the directory (kept_nested)."""
+    return sorted(entries, key=lambda e: (-os.path.normpath(e["path"]).count(os.sep),
+                                          e["path"]))
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
@@ -150,14 +223,21 @@ def cmd_prune(args: argparse.Namespace) -> int:
     now = time.time()
     results: list[dict[str, Any]] = []
     interrupted = False
+    gone: set[str] = set()
     try:
-        for tombstone in sorted(tombstones):
+        for tombstone in sorted(tombstones, key=lambda t: (-t.count(os.sep), t)):
             results.append(_finish(tombstone, args.dry_run))
-        for entry in _progress(len(entries), "pruning")(iter(entries)):
-            results.append(decide(entry, args, older_than, now))
+            if results[-1]["action"] in GOING:
+                gone.add(os.path.normpath(tombstone))
+        for entry in _progress(len(entries), "pruning")(iter(_depth_first(entries))):
+            results.append(decide(entry, args, older_than, now, frozenset(gone)))
+            if results[-1]["action"] in GOING:
+                gone.add(os.path.normpath(entry["path"]))
     except KeyboardInterrupt:
         # Every step is safe to stop anywhere; the session under way is whole or a tombstone.
         interrupted = True
+    # Tombstones first, then sessions, each in path order.
+    results.sort(key=lambda r: (r["status"] is not None, r["path"]))
     counts = {action: 0 for action in ACTIONS}
     for result in results:
         counts[result["action"]] += 1
@@ -166,6 +246,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
     if args.json:
         emit_json({"schema": "walj.prune/1", "root": root, "older_than_seconds": older_than,
                    "dry_run": args.dry_run, "archive": args.archive,
+                   "include_idle": args.include_idle,
                    "keep_turns": args.keep_turns, "interrupted": interrupted,
                    "sessions_found": len(entries) + len(tombstones), "counts": counts,
                    "sessions": results})
@@ -188,6 +269,9 @@ def _text(root: str, args: argparse.Namespace, results: list[dict[str, Any]],
                  "-" if r["age_seconds"] is None else duration(r["age_seconds"]),
                  short(r["detail"], 90) if r["detail"] else "") for r in shown]
         lines += [""] + table(("SESSION", "ACTION", "AGE", "DETAIL"), rows)
+    if any(r["action"] == "kept_unaccounted" for r in results):
+        lines += ["", "Next: a kept_unaccounted session holds what prune cannot account for "
+                  "(its DETAIL says what); move that away or archive it, then prune again."]
     if any(r["action"] == "kept_blocked" for r in results):
         lines += ["", "Next: `walj inspect SESSION` for a blocked session; it is kept until its "
                   "blockers are resolved."]

@@ -5,12 +5,16 @@ A removal holds the session's writer lock from its last check to its last unlink
 starts in between. The directory is first renamed to a tombstone beside it and the parent
 synced; only then is anything deleted. A crash leaves either the whole session or a tombstone,
 which every reader skips and the next prune deletes. Nothing is deleted that was not first
-archived and read back, unless the caller asked for a removal without an archive.
+archived and read back, unless the caller asked for a removal without an archive, and only
+what the survey of walj/cli/_accounting.py accounted for: a directory holding anything else
+is kept, and so is a tombstone something appeared in.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import LockedError, WaljError
@@ -18,7 +22,8 @@ from ..log import _format as fmt
 from ..log._fs import DEFAULT_FS, FileSystem
 from ..log._lock import WriterLock
 from ..log._scan import list_segments
-from ._sweep import TOMBSTONE_PREFIX, check_log
+from ._accounting import TOMBSTONE_PREFIX, Survey, survey
+from ._sweep import check_log
 
 
 class Busy(Exception):
@@ -29,17 +34,21 @@ class Kept(Exception):
     """The session changed or cannot be retired safely; the message says why."""
 
 
-def segment_count(path: str) -> tuple[int, float | None]:
-    """How many segment files the session holds, and the newest one's modification time."""
-    listed, _ = list_segments(DEFAULT_FS, path)
-    newest = None
-    for _, name in listed:
-        try:
-            mtime = os.stat(os.path.join(path, name)).st_mtime
-        except OSError:
-            continue
-        newest = mtime if newest is None else max(newest, mtime)
-    return len(listed), newest
+class Nested(Kept):
+    """The directory holds another session (or an unfinished removal), handled on its own."""
+
+
+class Unaccounted(Kept):
+    """The directory holds bytes retention cannot account for; the message names them."""
+
+
+@dataclass(frozen=True)
+class Removal:
+    """What a removal deleted: the names verified in the archive, and the quarantined files
+    deleted without an archive (--delete-unarchived)."""
+
+    archived: list[str]
+    quarantine_unarchived: int
 
 
 def _lock(path: str) -> WriterLock:
@@ -47,6 +56,13 @@ def _lock(path: str) -> WriterLock:
         return WriterLock(DEFAULT_FS, path, timeout=0)
     except LockedError as exc:
         raise Busy(str(exc)) from None
+
+
+def refuse_unaccounted(found: Survey) -> None:
+    """Unaccounted or Nested unless every entry is walj's bookkeeping of this session."""
+    reason = found.reason_kept()
+    if reason is not None:
+        raise (Unaccounted if found.unaccounted else Nested)(reason)
 
 
 def _holds_no_record(path: str, name: str) -> bool:
@@ -58,9 +74,10 @@ def _holds_no_record(path: str, name: str) -> bool:
                         fmt.parse_header(lines[0]) is not None)
 
 
-def _archived_whole(path: str, url: str) -> list[str]:
-    """Ship every sealed segment and read each copy back; refuse (Kept) unless every record of
-    the session is in a verified copy. Returns the names verified."""
+def _archived_whole(path: str, url: str, found: Survey) -> list[str]:
+    """Ship the session and read each copy back; refuse (Unaccounted) unless every record of
+    the session and every quarantined file is in a verified copy. Returns the names
+    verified (a quarantined file as `quarantine/<file>`)."""
     from ..archive import ArchiveError, verified_copies
 
     try:
@@ -70,58 +87,98 @@ def _archived_whole(path: str, url: str) -> list[str]:
     listed, _ = list_segments(DEFAULT_FS, path)
     missing = [name for _, name in listed if name not in verified]
     if missing and not (missing == [listed[-1][1]] and _holds_no_record(path, missing[0])):
-        raise Kept(f"not every segment verified in the archive: {', '.join(missing[:3])}")
+        raise Unaccounted(f"not every segment verified in the archive: "
+                          f"{', '.join(missing[:3])}")
+    unshipped = [name for name in found.quarantined if name not in verified]
+    if unshipped:
+        raise Unaccounted(f"quarantine/ holds {len(unshipped)} file(s) not verified in the "
+                          f"archive ({', '.join(unshipped[:2])}): the cut bytes would be lost")
     return sorted(verified)
 
 
-def remove(path: str, archive: str | None, expected_last_seq: int) -> list[str]:
-    """Remove an ended, unblocked session: under its lock, check it again, archive it (if
-    `archive`), then delete it through a tombstone. Returns the segment names archived."""
+def remove(path: str, archive: str | None, expected_last_seq: int) -> Removal:
+    """Remove an ended, unblocked session: under its lock, check it again, account for every
+    entry, archive it (if `archive`), then delete what was accounted for through a tombstone."""
     lock = _lock(path)
     try:
         entry = check_log(path)
         if entry["status"] != "ended" or entry["last_seq"] != expected_last_seq:
             raise Kept(f"changed since it was checked: now {entry['status']}, last seq "
                        f"{entry['last_seq']}")
-        archived = _archived_whole(path, archive) if archive is not None else []
-        delete_through_tombstone(path)
-        return archived
+        found = survey(path)
+        refuse_unaccounted(found)  # before shipping: it would be kept anyway
+        archived = _archived_whole(path, archive, found) if archive is not None else []
+        delete_through_tombstone(path, found)
+        return Removal(archived, 0 if archive is not None else len(found.quarantined))
     finally:
         lock.release()
 
 
-def delete_through_tombstone(path: str, fs: FileSystem = DEFAULT_FS) -> None:
-    """Rename the session to a tombstone beside it and make that durable, then delete it."""
+def delete_through_tombstone(path: str, found: Survey, fs: FileSystem = DEFAULT_FS) -> None:
+    """Rename the session to a tombstone beside it and make that durable, then delete what
+    `found` accounted for."""
     parent, name = os.path.split(os.path.abspath(path))
     tombstone = os.path.join(parent, f"{TOMBSTONE_PREFIX}{name}-{os.urandom(4).hex()}")
     fs.rename(path, tombstone)
     fs.sync_dir(parent)  # the rename first: from here a crash leaves a tombstone, not a half
-    delete_tombstone(tombstone, fs)
+    delete_tombstone(tombstone, found, fs)
 
 
-def delete_tombstone(tombstone: str, fs: FileSystem = DEFAULT_FS) -> None:
-    """Delete a tombstone and everything in it (links unfollowed), then sync its parent."""
-    for dirpath, dirnames, filenames in os.walk(tombstone, topdown=False):
-        for name in filenames:
-            fs.unlink(os.path.join(dirpath, name))
-        for name in dirnames:
-            entry = os.path.join(dirpath, name)
-            if os.path.islink(entry):
-                fs.unlink(entry)
-            else:
-                os.rmdir(entry)
-    os.rmdir(tombstone)
+def delete_tombstone(tombstone: str, found: Survey, fs: FileSystem = DEFAULT_FS) -> None:
+    """Delete the files and directories `found` accounted for, then the tombstone itself, then
+    sync its parent. Anything that appeared since the survey stays (Unaccounted), and so does
+    the tombstone around it."""
+    for relative in found.files:
+        try:
+            fs.unlink(os.path.join(tombstone, relative))
+        except FileNotFoundError:
+            pass
+    try:
+        for relative in sorted(found.dirs, key=lambda d: -d.count(os.sep)):
+            os.rmdir(os.path.join(tombstone, relative))
+        os.rmdir(tombstone)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            raise
+        raise Unaccounted(f"something appeared in it while it was removed: left as "
+                          f"{os.path.basename(tombstone)}") from None
     fs.sync_dir(os.path.dirname(tombstone))
 
 
 def finish_tombstone(tombstone: str) -> None:
-    """Delete what an interrupted prune left, under the tombstone's lock if it has one."""
+    """Delete what an interrupted prune left, under the tombstone's lock if it has one. A
+    tombstone is made only after its session was accounted for; anything in it that is no
+    bookkeeping (another session, an unknown file) keeps it (Nested, Unaccounted)."""
     lock = _lock(tombstone) if os.path.exists(os.path.join(tombstone, "LOCK")) else None
     try:
-        delete_tombstone(tombstone)
+        found = survey(tombstone)
+        refuse_unaccounted(found)
+        delete_tombstone(tombstone, found)
     finally:
         if lock is not None:
             lock.release()
+
+
+def end_idle(path: str, idle_since: float) -> int:
+    """End an idle session as upkeep (its end carries its last activity's time): open it as
+    its writer (Busy if it is open), refuse if it is blocked or has a record newer than
+    `idle_since` (Kept). Returns its last seq once ended."""
+    from ..journal import ToolJournal
+    from ..journal._compact import end_idle as end_journal
+
+    try:
+        journal = ToolJournal.open(path, lock_timeout=0)
+    except LockedError as exc:
+        raise Busy(str(exc)) from None
+    try:
+        if journal.recovery.blocked:
+            raise Kept("blocked when opened to end it")
+        last_seq = end_journal(journal._core, idle_since)
+        if last_seq is None:
+            raise Kept("changed since it was checked: a record newer than --older-than")
+        return last_seq
+    finally:
+        journal.close()
 
 
 def compact(path: str, keep_turns: int, archive: str | None) -> dict[str, Any]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any
@@ -15,11 +16,13 @@ from ..journal._decode import decode_record, time_of
 from ..journal._recovery import RecoveryState
 from ..log import _format as fmt
 from ..log._fs import DEFAULT_FS, FileSystem
-from ..log._scan import LogScan
+from ..log._scan import LogScan, list_segments
+from ._accounting import OWN_DIRS, TOMBSTONE_PREFIX
 from ._common import (
     EXIT_OK,
     EXIT_PROBLEMS,
     CliError,
+    duration,
     emit_json,
     note_unrecorded,
     plural,
@@ -31,7 +34,6 @@ from ._common import (
 from ._records import kind_of
 
 STATUSES = ("active", "ended", "blocked", "corrupt", "unsupported", "unreadable")
-TOMBSTONE_PREFIX = ".walj-pruning-"  # a session renamed so, under its lock, is being deleted
 _TIME_FIELD = b'"at":'
 
 FINE = frozenset({"active", "ended"})  # every other status is a problem (exit 1)
@@ -39,18 +41,20 @@ FINE = frozenset({"active", "ended"})  # every other status is a problem (exit 1
 
 def find_logs(root: str, tombstones: list[str] | None = None
               ) -> tuple[list[str], list[dict[str, Any]]]:
-    """Directories under `root` (itself included) holding segments; a log's own subdirectories
-    (quarantine/) are not searched. Also the directories that could not be listed, and every
-    symbolic link to a directory: never followed (it may leave ROOT or loop), never skipped
-    in silence (a session behind it would go unchecked). A session `walj prune` was removing
-    when it stopped (a directory named TOMBSTONE_PREFIX...) is no session: it goes to
-    `tombstones` if given, and is skipped."""
+    """Directories under `root` (itself included) holding segments, at every depth: a session
+    may hold other sessions in subdirectories; its own (quarantine/, requests/) are not
+    searched. Also the directories that could not be listed, and every symbolic link to a
+    directory: never followed (it may leave ROOT or loop), never skipped in silence (a session
+    behind it would go unchecked); a directory met twice (a bind mount) is searched once. A
+    session `walj prune` was removing when it stopped (a directory named TOMBSTONE_PREFIX...)
+    is no session: it goes to `tombstones` if given, and is skipped."""
     if not os.path.lexists(root):
         raise CliError(f"{root}: no such file or directory")
     if not os.path.isdir(root):
         raise CliError(f"{root} is a file; sweep takes a directory holding session logs")
     logs: list[str] = []
     unreadable: list[dict[str, Any]] = []
+    seen: set[tuple[int, int]] = set()
 
     def failed(exc: OSError) -> None:
         where = exc.filename or root
@@ -65,18 +69,38 @@ def find_logs(root: str, tombstones: list[str] | None = None
                 tombstones.append(dirpath)
             dirnames[:] = []
             continue
-        if any(fmt.segment_index(name) is not None for name in filenames):
-            logs.append(dirpath)
+        if not _first_visit(dirpath, seen, unreadable):
             dirnames[:] = []
             continue
+        session = any(fmt.segment_index(name) is not None for name in filenames)
+        if session:
+            logs.append(dirpath)
         links = {d for d in dirnames if os.path.islink(os.path.join(dirpath, d))}
         # A dangling link may be a session whose target is gone (an unmounted volume).
         dangling = [f for f in filenames if not os.path.exists(os.path.join(dirpath, f))
                     and os.path.islink(os.path.join(dirpath, f))]
         for name in sorted([*links, *dangling]):
             unreadable.append(_symlink_entry(os.path.join(dirpath, name), name in links))
-        dirnames[:] = sorted(d for d in dirnames if d not in links)
+        dirnames[:] = sorted(d for d in dirnames
+                             if d not in links and not (session and d in OWN_DIRS))
     return sorted(logs), unreadable
+
+
+def _first_visit(path: str, seen: set[tuple[int, int]],
+                 unreadable: list[dict[str, Any]]) -> bool:
+    """False, and the directory listed as unreadable, when it was searched already under
+    another path (a bind mount of a directory above it would loop)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False  # gone since its parent was listed
+    key = (st.st_dev, st.st_ino)
+    if key in seen:
+        unreadable.append(_entry(path, "unreadable", detail="refused: the same directory as "
+                                 "one already searched (a bind mount), not searched again"))
+        return False
+    seen.add(key)
+    return True
 
 
 def _symlink_entry(path: str, to_directory: bool) -> dict[str, Any]:
@@ -162,6 +186,32 @@ def check_log(path: str, fs: FileSystem = DEFAULT_FS) -> dict[str, Any]:
                   problems=[problem_json(p) for p in problems[:5]],
                   torn_tail=log_scan.torn_tail is not None, plain=plain,
                   last_record_at=_record_time(timed), detail=detail)
+
+
+def segment_count(path: str) -> tuple[int, float | None]:
+    """How many segment files the session holds, and the newest one's modification time."""
+    listed, _ = list_segments(DEFAULT_FS, path)
+    newest = None
+    for _, name in listed:
+        try:
+            mtime = os.stat(os.path.join(path, name)).st_mtime
+        except OSError:
+            continue
+        newest = mtime if newest is None else max(newest, mtime)
+    return len(listed), newest
+
+
+def age_of(entry: dict[str, Any], now: float) -> float | None:
+    """A session's age: the time since its last activity, the `at` of its last record (the
+    records upkeep writes carry it forward); a plain log's, since its newest segment was
+    modified. None when neither is known (an unreadable or archived plain log)."""
+    at = entry.get("last_record_at")
+    if at is None and "://" not in entry["path"] and entry["status"] != "unreadable":
+        try:
+            at = segment_count(entry["path"])[1]
+        except OSError:
+            at = None
+    return None if at is None else max(0.0, now - at)
 
 
 def _record_time(raw: bytes | None) -> float | None:
@@ -279,12 +329,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     summary = ", ".join(f"{counts[s]} {s}" for s in STATUSES if counts[s] or s in FINE)
     lines = [f"{root}: {plural(len(results), 'log')}: {summary}"]
     if shown:
+        now = time.time()
         rows = [(_relative(e["path"], root), e["status"].upper()
-                 if e["status"] not in FINE else e["status"], e["records"], len(e["blockers"]),
-                 e["problem_count"],
+                 if e["status"] not in FINE else e["status"], duration(age_of(e, now)),
+                 e["records"], len(e["blockers"]), e["problem_count"],
                  short(e["detail"], 80)) for e in shown]
-        lines += [""] + table(("LOG", "STATUS", "RECORDS", "BLOCKERS", "PROBLEMS", "DETAIL"),
-                              rows, right=(2, 3, 4))
+        lines += [""] + table(("LOG", "STATUS", "AGE", "RECORDS", "BLOCKERS", "PROBLEMS",
+                               "DETAIL"), rows, right=(2, 3, 4, 5))
     if code != EXIT_OK:
         lines += ["", "Next: `walj inspect LOG` for a blocked log, `walj verify LOG` for a "
                   "corrupt one."]

@@ -1,6 +1,7 @@
 """Writing checkpoints, and compaction: a checkpoint, then the sealed segments before it
 dropped (shipped to an archive first when asked). The journal side of docs/RECOVERY.md,
-"Checkpoints" and "Compaction"."""
+"Checkpoints" and "Compaction". Upkeep is not activity: a checkpoint, and an end written as
+upkeep, carry the time of the session's last record forward (docs/CLI.md, prune's age)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from ..log import Record, read
 from . import _records as rc
 from . import _writes
 from ._checkpoint import build_parts, settling_record
+from ._decode import time_of
 from ._recovery import MAX_KEEP_TURNS
 
 if TYPE_CHECKING:
@@ -82,13 +84,45 @@ def checkpoint(core: Core) -> int:
     with core.write_lock:
         core.check_open()
         core.write_settlements()
-        parts = build_parts(core.state, _settling(core), core.record_limit, _writes.now())
+        parts = build_parts(core.state, _settling(core), core.record_limit, last_activity(core))
         core.log.rotate()  # so the checkpoint begins a segment, where an open looks for it
         first = 0
         for part in parts:
             seq = core.write(part, durable=True)
             first = first or seq
         return first
+
+
+def last_activity(core: Core) -> float:
+    """With write_lock held: the time of the session's last activity, the `at` of its last
+    record. Upkeep records carry it forward, so it is theirs too. Never later than now; now
+    when the log is empty or its last record has no plausible time (younger is the safe side:
+    retention keeps a young session)."""
+    now = _writes.now()
+    if core.log.last_seq < 1:
+        return now
+    records = cast("Generator[Record, None, None]",
+                   read(core.log.path, core.log.last_seq, **core.read_options))
+    try:
+        last = next(records, None)
+    finally:
+        records.close()
+    data = last.data if last is not None else None
+    at = time_of(data.get("at")) if isinstance(data, dict) else None
+    return now if at is None else min(at, now)
+
+
+def end_idle(core: Core, idle_since: float) -> int | None:
+    """End the session as `ToolJournal.end` does if its last activity is no later than
+    `idle_since`, its `session_ended` carrying that time instead of now (retention ending an
+    idle session must not make it look younger). Returns the log's last seq once ended; None,
+    nothing written, when the session is not idle. `core`: an open ToolJournal's."""
+    with core.write_lock:
+        at = last_activity(core)
+        if at > idle_since:
+            return None
+        core.end_session(at)
+        return core.log.last_seq
 
 
 def checkpoint_if_due(core: Core) -> None:

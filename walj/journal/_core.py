@@ -142,13 +142,14 @@ class Core:
                 raise TurnError(f"turn {self.live_turn.sequence} is still live; end it before "
                                 f"{what}")
 
-    def end_session(self) -> None:
-        """Write session_ended (durable) unless it is there, then close sealing the log."""
+    def end_session(self, at: float | None = None) -> None:
+        """Write session_ended (durable) unless it is there, then close sealing the log. `at`:
+        the record's time when it is not now (an end written as upkeep)."""
         with self.write_lock:
             self.check_between_turns("the session")
             if self.state.ended_seq is None:
                 self.write_settlements()
-                self.write(_writes.session_ended_record(), durable=True)
+                self.write(_writes.session_ended_record(at), durable=True)
         self.close()
 
     # --- writing --------------------------------------------------------------------------------

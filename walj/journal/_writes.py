@@ -16,8 +16,10 @@ def now() -> float:
     return round(time.time(), 3)
 
 
-def session_ended_record() -> dict[str, Any]:
-    return {"kind": rc.SESSION_ENDED, "version": rc.CONTRACT_VERSION, "at": now()}
+def session_ended_record(at: float | None = None) -> dict[str, Any]:
+    """session_ended; `at` given: an end written as upkeep, carrying the last activity's time."""
+    return {"kind": rc.SESSION_ENDED, "version": rc.CONTRACT_VERSION,
+            "at": now() if at is None else at}
 
 
 def turn_record(kind: str, sequence: int) -> dict[str, Any]:
