@@ -15,15 +15,16 @@ fsspec way: storage_options, FSSPEC_S3_* and AWS_* variables, profiles. This pac
 imported by `import walj`.
 
 Modules: _store (local and fsspec object stores), _append (the append-only rule), _view (the
-read-only seam over one session), _ship (copy and verify), _quarantine (the cut bytes and their
-manifest), _read (read and verify).
+read-only seam over one session), _ship (copy and verify), _report (what a ship did),
+_quarantine (the cut bytes and their manifest), _read (read and verify).
 """
 
 from __future__ import annotations
 
 from ._append import ForkError
 from ._read import read, verify
-from ._ship import ShipReport, ship, verified_copies
+from ._report import ShipReport
+from ._ship import ship, verified_copies
 from ._store import ArchiveError, is_url
 from ._view import archived_sessions
 

@@ -17,7 +17,7 @@ import re
 import stat
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import CorruptionError
 from ..log._fs import open_regular
@@ -26,10 +26,8 @@ from ..log._quarantine import _manifest_entry as manifest_entry
 from ..log._quarantine import _plain_name as plain_name
 from ..log._segment import Problem
 from ._append import CHUNK, ForkError, read_back, write_once
+from ._report import ShipReport
 from ._store import Entry, Store
-
-if TYPE_CHECKING:
-    from ._ship import ShipReport
 
 _VERSION = re.compile(r"^MANIFEST\.([0-9]{1,18})\.jsonl$")
 MANIFEST_NAME = f"{QUARANTINE_DIR}/{MANIFEST}"
@@ -80,6 +78,10 @@ def _local_quarantine(directory: str) -> str | None:
     return qdir
 
 
+def has_quarantine(directory: str) -> bool:
+    return os.path.lexists(os.path.join(directory, QUARANTINE_DIR))
+
+
 def ship_quarantine(store: Store, directory: str, report: ShipReport) -> None:
     """Ship the session's quarantine/ after its segments: the archived manifest is checked
     first (a prefix of the local one, or ForkError before anything is written), then each cut
@@ -87,11 +89,8 @@ def ship_quarantine(store: Store, directory: str, report: ShipReport) -> None:
     qdir = _local_quarantine(directory)
     if qdir is None:
         return
-    if report.log_id is None:  # nothing sealed yet; the cuts still go under the log's id
-        from ._view import local_log_id
-
-        report.log_id = local_log_id(directory)
-        report.url = f"{report.url}/{report.log_id}"
+    if report.log_id is None:
+        return  # no log id to file them under (ship sets it from a header when it can)
     prefix = store.key(report.log_id, QUARANTINE_DIR)
     url = f"{report.url}/{QUARANTINE_DIR}"
     remote = store.list(prefix)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import CorruptionError, WaljError
@@ -13,38 +12,11 @@ from ..log import _format as fmt
 from ..log._fs import DEFAULT_FS, open_regular
 from ..log._scan import corruption, list_segments
 from ..log._segment import read_ends
-from ._append import SKIPPED, ForkError, write_once
-from ._quarantine import ship_quarantine
+from ._append import ForkError, write_once
+from ._quarantine import has_quarantine, ship_quarantine
+from ._report import ShipReport
 from ._store import Entry, Store, open_store
-
-
-@dataclass
-class ShipReport:
-    """What one `ship` did, by name in the session directory (a segment, `quarantine/<file>`,
-    `quarantine/MANIFEST.jsonl`). `shipped` were written as new objects and read back intact;
-    `repaired` were written over a partial or damaged copy of the same bytes (nothing it held
-    is lost); `skipped` were archived already; `bytes` is what was copied. A quarantine file
-    that does not match its own manifest line is shipped as it is and listed in
-    `unverified` too, never among the copies a caller may drop (verified_copies)."""
-
-    log_id: str | None
-    url: str
-    shipped: list[str] = field(default_factory=list)
-    repaired: list[str] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)
-    unverified: list[str] = field(default_factory=list)
-    bytes: int = 0
-
-    def count(self, outcome: str, name: str, size: int) -> None:
-        getattr(self, outcome).append(name)
-        if outcome != SKIPPED:
-            self.bytes += size
-
-    def to_json(self) -> dict[str, Any]:
-        return {"schema": "walj.archive/2", "log_id": self.log_id, "url": self.url,
-                "shipped": list(self.shipped), "repaired": list(self.repaired),
-                "skipped": list(self.skipped), "unverified": list(self.unverified),
-                "bytes": self.bytes}
+from ._view import local_log_id
 
 
 def _ends(data: bytes) -> tuple[bytes, bytes]:
@@ -223,6 +195,10 @@ def ship(path: str | os.PathLike[str], url: str | os.PathLike[str], *,
         outcome = _write_segment(store, key, data, entry, header,
                                  os.path.join(directory, name), f"{report.url}/{name}")
         report.count(outcome, name, len(data))
+    if report.log_id is None and has_quarantine(directory):
+        # Nothing sealed yet: the cuts still go under the log's id, from the first header.
+        report.log_id = local_log_id(directory)
+        report.url = f"{base}/{report.log_id}"
     ship_quarantine(store, directory, report)
     return report
 
