@@ -208,3 +208,33 @@ def test_syscall_order_of_a_new_archived_object(tmp_path: Path) -> None:
     assert synced < linked < unlinked < dir_synced, mine[:dir_synced + 1]
     assert not any(op == "rename" for op, _ in mine[:dir_synced])
     assert (root / str(log_id) / name).read_bytes() == (session / name).read_bytes()
+
+
+def test_keyboard_interrupt_anywhere_in_a_ship_with_quarantine(
+        archive: Archive, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Stopped at a line of walj/archive anywhere in a ship that carries cuts: what is archived
+    reads without a problem, and the next ship completes it, cuts and manifest verified."""
+    from test_archive_crash import _interrupt_at, _points
+
+    session, log_id = _cut_session(tmp_path, capsys)
+    wanted = {f"quarantine/{n}" for n in _local_cuts(session)}
+    archive_mod.ship(session, f"{archive.url}/first")  # makes the root: trials do not
+    total = _interrupt_at(0, lambda: archive_mod.ship(session, f"{archive.url}/count"))
+    points = _points(total, 6 if archive.kind == "s3" else 40)
+    interrupted = 0
+    for n in points:
+        url = f"{archive.url}/i{n}"
+        try:
+            _interrupt_at(n, lambda url=url: archive_mod.ship(session, url))  # type: ignore[misc]
+        except KeyboardInterrupt:
+            interrupted += 1
+        try:
+            seen = archive_mod.verify(f"{url}/{log_id}")
+        except archive_mod.ArchiveError:  # no segment archived yet
+            pass
+        else:
+            assert seen.ok, (n, seen.problems)
+        assert wanted <= archive_mod.verified_copies(session, url)
+        finished = archive_mod.verify(f"{url}/{log_id}")
+        assert finished.ok, finished.problems
+    assert interrupted == len(points)
