@@ -170,3 +170,31 @@ def test_prune_archive_keeps_a_fork(archive: Archive, tmp_path: Path,
     assert _without_lock(snapshot(second.parent)) == _without_lock(tree)
     assert _objects(archive, log_id) == before
     assert archive_mod.verify(f"{archive.url}/{log_id}").ok
+
+
+def test_a_verified_segment_that_begins_the_local_one_is_never_written_over(
+        archive: Archive, tmp_path: Path) -> None:
+    """A local segment forged to begin with the archived one's bytes (its seal line in the
+    middle) and sealed again at its end: the archived object is no partial copy, it verifies
+    on its own, so it stays, and ship refuses."""
+    import hashlib
+
+    from archive_helpers import make_session
+
+    from walj.log import _format as fmt
+
+    session = tmp_path / "s"
+    make_session(session)
+    report = archive_mod.ship(session, archive.url)
+    name = report.shipped[-1]
+    archived = archive.get(f"{report.log_id}/{name}")
+    seal = fmt.parse_seal(archived.rstrip(b"\n").rsplit(b"\n", 1)[1])
+    assert seal is not None
+    body = archived + fmt.frame_record(seal.last_seq + 1, b'{"forged":true}')
+    resealed = fmt.Seal(seal.last_seq + 1, seal.records + 1,
+                        hashlib.sha256(body).hexdigest())
+    (session / name).write_bytes(body + fmt.frame(resealed.body()))
+    with pytest.raises(archive_mod.ForkError) as caught:
+        archive_mod.ship(session, archive.url, recheck=True)
+    assert caught.value.local == str(session / name)
+    assert archive.get(f"{report.log_id}/{name}") == archived

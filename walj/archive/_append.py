@@ -55,11 +55,14 @@ DamagedCopy = Callable[[bytes], bool]
 
 
 def write_once(store: Store, key: str, data: bytes, entry: Entry | None, *, local: str,
-               archived: str, damaged_copy: DamagedCopy, why: Callable[[bytes], str]) -> str:
+               archived: str, damaged_copy: DamagedCopy, why: Callable[[bytes], str],
+               complete: Callable[[bytes], bool] = lambda back: False) -> str:
     """Make the object at `key` hold `data` without losing a byte the object held. Returns
     SHIPPED (a new object), REPAIRED (written over a partial or damaged copy of `data`) or
     SKIPPED (it held `data`). ForkError when it holds anything else (`why` says what, for
-    the message); ArchiveError when what was written does not read back as `data`."""
+    the message), and always when it is `complete` in itself (a verified sealed segment),
+    even one whose bytes begin the local file's; ArchiveError when what was written does not
+    read back as `data`."""
     if entry is not None and not entry.regular:
         raise ArchiveError(f"{archived} is a prefix or directory, not an object: refusing to "
                            "write over it")
@@ -71,7 +74,7 @@ def write_once(store: Store, key: str, data: bytes, entry: Entry | None, *, loca
     back = read_back(store, key, len(data))
     if back == data:
         return SKIPPED
-    if not (data.startswith(back) or damaged_copy(back)):
+    if complete(back) or not (data.startswith(back) or damaged_copy(back)):
         raise ForkError(f"{archived} holds other bytes than {local} ({why(back)}): refused, "
                         "the archive is append-only; nothing was written over it or dropped "
                         "locally (docs/ARCHIVE.md, Forks)", local=local, archived=archived)

@@ -141,8 +141,11 @@ def _write_segment(store: Store, key: str, data: bytes, entry: Entry | None,
     def why(back: bytes) -> str:
         return _what_differs(back, len(data), header.index, header.log_id)
 
+    def complete(back: bytes) -> bool:  # a verified sealed segment, of any log
+        return _check_bytes(back, os.path.basename(key), header.index, None, None) is None
+
     return write_once(store, key, data, entry, local=local, archived=archived,
-                      damaged_copy=damaged_copy, why=why)
+                      damaged_copy=damaged_copy, why=why, complete=complete)
 
 
 def ship(path: str | os.PathLike[str], url: str | os.PathLike[str], *,
