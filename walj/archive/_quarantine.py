@@ -94,7 +94,8 @@ def ship_quarantine(store: Store, directory: str, report: ShipReport) -> None:
     prefix = store.key(report.log_id, QUARANTINE_DIR)
     url = f"{report.url}/{QUARANTINE_DIR}"
     remote = store.list(prefix)
-    manifest = _read_local(os.path.join(qdir, MANIFEST)) or b""
+    local_manifest = _read_local(os.path.join(qdir, MANIFEST))
+    manifest = local_manifest or b""
     archived = _check_versions(store, prefix, url, qdir, remote, manifest, report)
     listed = {e.file: e for e in _entries(manifest)}
     vouched = {e.file for e in _entries(archived)}
@@ -105,9 +106,9 @@ def ship_quarantine(store: Store, directory: str, report: ShipReport) -> None:
         if data is not None:
             _ship_cut(store, prefix, url, qdir, name, data, listed.get(name),
                       remote.get(name), name in vouched, report)
-    if not manifest:
+    if local_manifest is None:
         return
-    if manifest == archived:
+    if manifest == archived:  # an empty one (a crash before its first line) holds nothing
         report.skipped.append(MANIFEST_NAME)
         return
     name = version_name(len(manifest))
