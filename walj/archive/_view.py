@@ -210,7 +210,8 @@ def archive_problem(view: ArchiveView, scan: LogScan) -> Problem | None:
     offset = scan.torn_tail.offset if scan.torn_tail is not None else last.size
     return Problem(last.name, offset, last.last_seq, "unsealed_segment",
                    "the last archived segment has no seal: a partial or truncated object "
-                   "(`walj archive` replaces it from the session directory)")
+                   "(`walj archive` repairs it from the session directory when it is a prefix "
+                   "of the session's segment)")
 
 
 def local_log_id(local: str) -> str:
