@@ -297,3 +297,31 @@ def test_ship_never_writes_over_a_prefix_named_like_a_segment(archive: Archive,
     with pytest.raises(archive_mod.ArchiveError, match="not an object"):
         archive_mod.ship(session, archive.url)
     assert archive.get(f"{report.log_id}/{name}/x") == b"{}"
+
+
+def test_a_file_system_without_hard_links_still_ships_new_objects_only(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A local archive on a file system that refuses hard links (EPERM, as FAT or some network
+    mounts do): new objects are put in place by a rename after a check, and an object that
+    is there is still never written over."""
+    import errno
+
+    from walj.archive import _store
+
+    def no_links(src: str, dst: str, **kwargs: Any) -> None:
+        raise OSError(errno.EPERM, "hard links not supported", dst)
+
+    monkeypatch.setattr(_store.os, "link", no_links)
+    session, root = tmp_path / "s", tmp_path / "archive"
+    make_session(session)
+    report = archive_mod.ship(session, str(root))
+    assert report.shipped and archive_mod.verify(report.url).ok
+    assert not [p for p in (root / str(report.log_id)).iterdir() if ".part-" in p.name]
+    other = tmp_path / "other"
+    make_session(other)
+    name = report.shipped[0]
+    store = _store.open_store(str(root))
+    key = store.key(str(report.log_id), name)
+    before = (root / str(report.log_id) / name).read_bytes()
+    assert not store.put_new(key, (other / name).read_bytes())
+    assert (root / str(report.log_id) / name).read_bytes() == before
