@@ -28,7 +28,7 @@ def test_ship_verify_delete_locally_read_back(archive: Archive, tmp_path: Path) 
     names = [p.name for p in segments(session)]
     report = archive_mod.ship(session, archive.url)
     # Every segment but the active one, each read back before it was counted.
-    assert report.shipped == names[:-1] and report.skipped == [] and report.replaced == []
+    assert report.shipped == names[:-1] and report.skipped == [] and report.repaired == []
     assert report.bytes == sum(p.stat().st_size for p in segments(session)[:-1])
     log_id = report.log_id
     assert log_id is not None and report.url == f"{archive.url}/{log_id}"
@@ -84,7 +84,7 @@ def test_ship_is_idempotent_and_resumes(archive: Archive, tmp_path: Path) -> Non
     assert datas(archive_mod.read(archive.url, local=session)) == records + more
 
 
-def test_partial_objects_are_reported_then_replaced(archive: Archive, tmp_path: Path) -> None:
+def test_partial_objects_are_reported_then_repaired(archive: Archive, tmp_path: Path) -> None:
     session = tmp_path / "s"
     make_session(session)
     report = archive_mod.ship(session, archive.url)
@@ -108,7 +108,8 @@ def test_partial_objects_are_reported_then_replaced(archive: Archive, tmp_path: 
         list(archive_mod.read(report.url))
     assert (caught.value.kind, caught.value.file) == ("unsealed_segment", last)
     fixed = archive_mod.ship(session, archive.url)
-    assert fixed.replaced == [last] == fixed.shipped
+    # Each was a partial copy of the same segment: written over, nothing it held is lost.
+    assert fixed.repaired == [last] and fixed.shipped == []
     assert archive_mod.verify(report.url).ok
 
 
@@ -137,7 +138,8 @@ def test_an_object_edited_in_the_bucket_is_a_seal_mismatch(archive: Archive,
     # Same size, same header and seal lines: the cheap check of ship cannot tell; recheck can.
     assert name in archive_mod.ship(session, archive.url).skipped
     rechecked = archive_mod.ship(session, archive.url, recheck=True)
-    assert rechecked.replaced == [name] == rechecked.shipped
+    # Its seal line is the segment's own, whose SHA-256 names the bytes: a damaged copy.
+    assert rechecked.repaired == [name] and rechecked.shipped == []
     assert archive_mod.verify(report.url).ok
 
 
@@ -160,17 +162,25 @@ def test_a_missing_object_in_the_middle_breaks_the_chain(archive: Archive,
     assert archive_mod.verify(report.url).ok
 
 
-def test_a_foreign_object_is_refused_and_replaced(archive: Archive, tmp_path: Path) -> None:
-    """An object of another log under this log's prefix (a forged or misfiled copy)."""
+def test_a_foreign_object_is_refused_not_replaced(archive: Archive, tmp_path: Path) -> None:
+    """An object of another log under this log's prefix (a forged or misfiled copy) verifies
+    as a sealed segment: the archive is append-only, so ship refuses it, naming both, and
+    leaves it as it is."""
     one, other = tmp_path / "one", tmp_path / "other"
     make_session(one)
     make_session(other)
     report = archive_mod.ship(one, archive.url)
     name = report.shipped[1]
-    archive.put(f"{report.log_id}/{name}", (other / name).read_bytes())
+    foreign = (other / name).read_bytes()
+    archive.put(f"{report.log_id}/{name}", foreign)
     assert "foreign_segment" in kinds(archive_mod.verify(report.url))
-    assert archive_mod.ship(one, archive.url).replaced == [name]
-    assert archive_mod.verify(report.url).ok
+    for recheck in (False, True):
+        with pytest.raises(archive_mod.ForkError, match="another log") as caught:
+            archive_mod.ship(one, archive.url, recheck=recheck)
+        assert caught.value.local == str(one / name)
+        assert caught.value.archived == f"{report.url}/{name}"
+        assert archive.get(f"{report.log_id}/{name}") == foreign
+    assert "foreign_segment" in kinds(archive_mod.verify(report.url))
 
 
 def test_ship_beside_a_live_writer_that_rotates(archive: Archive, tmp_path: Path) -> None:
@@ -287,3 +297,31 @@ def test_ship_never_writes_over_a_prefix_named_like_a_segment(archive: Archive,
     with pytest.raises(archive_mod.ArchiveError, match="not an object"):
         archive_mod.ship(session, archive.url)
     assert archive.get(f"{report.log_id}/{name}/x") == b"{}"
+
+
+def test_a_file_system_without_hard_links_still_ships_new_objects_only(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A local archive on a file system that refuses hard links (EPERM, as FAT or some network
+    mounts do): new objects are put in place by a rename after a check, and an object that
+    is there is still never written over."""
+    import errno
+
+    from walj.archive import _store
+
+    def no_links(src: str, dst: str, **kwargs: Any) -> None:
+        raise OSError(errno.EPERM, "hard links not supported", dst)
+
+    monkeypatch.setattr(_store.os, "link", no_links)
+    session, root = tmp_path / "s", tmp_path / "archive"
+    make_session(session)
+    report = archive_mod.ship(session, str(root))
+    assert report.shipped and archive_mod.verify(report.url).ok
+    assert not [p for p in (root / str(report.log_id)).iterdir() if ".part-" in p.name]
+    other = tmp_path / "other"
+    make_session(other)
+    name = report.shipped[0]
+    store = _store.open_store(str(root))
+    key = store.key(str(report.log_id), name)
+    before = (root / str(report.log_id) / name).read_bytes()
+    assert not store.put_new(key, (other / name).read_bytes())
+    assert (root / str(report.log_id) / name).read_bytes() == before

@@ -58,7 +58,7 @@ def test_cli_ships_then_reads_the_archive(archive: Archive, tmp_path: Path,
     code, out, err = run(capsys, "archive", session, "--to", archive.url, "--json")
     assert code == 0, err
     shipped = json.loads(out)
-    assert shipped["schema"] == "walj.archive/1" and shipped["shipped"] and not shipped["skipped"]
+    assert shipped["schema"] == "walj.archive/2" and shipped["shipped"] and not shipped["skipped"]
     url = shipped["url"]
     code, out, _ = run(capsys, "archive", session, "--to", archive.url, "--json")
     assert code == 0 and json.loads(out)["shipped"] == []

@@ -82,10 +82,11 @@ def test_an_archive_that_fails_keeps_every_local_segment(tmp_path: Path) -> None
         assert journal.is_blocked()
 
 
-def test_a_bad_archived_copy_is_replaced_before_anything_is_dropped(
+def test_a_damaged_archived_copy_is_repaired_before_anything_is_dropped(
         archive: Archive, tmp_path: Path) -> None:
-    """An object already in the bucket with the right size but other bytes (edited there) is
-    not taken as the copy: compaction reads every copy back whole, so it ships it again."""
+    """An object already in the bucket with the right size and the segment's own seal line but
+    other bytes (a byte flipped there) is not taken as the copy: compaction reads every copy
+    back whole, and writes the damaged copy over with the segment it is a copy of."""
     path = tmp_path / "s"
     _session(path)
     with walj.ToolJournal.open(path, **OPTIONS) as journal:

@@ -1,10 +1,10 @@
-"""Shipping a session's sealed segments to an archive: copy, read back, verify; never delete."""
+"""Shipping a session to an archive: copy, read back, verify; never delete, never write over
+another history."""
 
 from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import CorruptionError, WaljError
@@ -12,28 +12,11 @@ from ..log import _format as fmt
 from ..log._fs import DEFAULT_FS, open_regular
 from ..log._scan import corruption, list_segments
 from ..log._segment import read_ends
-from ._store import ArchiveError, Entry, Store, open_store
-
-CHUNK = 1 << 20
-
-
-@dataclass
-class ShipReport:
-    """What one `ship` did. `shipped` were copied and read back intact (`replaced`: of them,
-    those whose object was there but wrong: partial, edited or foreign); `skipped` were
-    already archived; `bytes` is what was copied."""
-
-    log_id: str | None
-    url: str
-    shipped: list[str] = field(default_factory=list)
-    replaced: list[str] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)
-    bytes: int = 0
-
-    def to_json(self) -> dict[str, Any]:
-        return {"schema": "walj.archive/1", "log_id": self.log_id, "url": self.url,
-                "shipped": list(self.shipped), "replaced": list(self.replaced),
-                "skipped": list(self.skipped), "bytes": self.bytes}
+from ._append import ForkError, write_once
+from ._quarantine import has_quarantine, ship_quarantine
+from ._report import ShipReport
+from ._store import Entry, Store, open_store
+from ._view import local_log_id
 
 
 def _ends(data: bytes) -> tuple[bytes, bytes]:
@@ -104,31 +87,81 @@ def _object_matches(store: Store, key: str, entry: Entry | None, data_head: byte
     return head == data_head and tail == data_tail
 
 
-def _read_back(store: Store, key: str, size: int) -> bytes:
-    """The object as stored, read in chunks and never past one byte more than the expected
-    size: an object that grew is wrong without being read whole."""
-    parts: list[bytes] = []
-    got = 0
-    with store.open_read(key) as f:
-        while got <= size:
-            part = f.read(min(CHUNK, size + 1 - got))
-            if not part:
-                break
-            parts.append(part)
-            got += len(part)
-    return b"".join(parts)
+def _what_differs(back: bytes, size: int, index: int, log_id: str) -> str:
+    """What an archived object that is not the local segment (nor a copy of it) holds."""
+    head = back.split(b"\n", 1)[0]
+    try:
+        header = fmt.parse_header(head) if fmt.checksum_ok(head) else None
+    except WaljError:
+        header = None
+    if header is not None and header.log_id != log_id:
+        return f"a segment of another log, {header.log_id}"
+    if len(back) <= size and _check_bytes(back, fmt.segment_name(index), index, log_id,
+                                          None) is None:
+        return ("a verified sealed segment of another history of this log: a fork (the "
+                "session directory was copied and both copies went on)")
+    if header is not None and header.index == index and len(back) > size:
+        return "a longer segment of this log and index: a fork"
+    return "bytes that are neither a partial nor a damaged copy of it"
+
+
+def _check_predecessor(store: Store, remote: dict[str, Entry], directory: str,
+                       report: ShipReport, names: set[str], header: fmt.Header) -> None:
+    """The first sealed local segment chains to the seal of the segment before it; when that
+    one is only in the archive (compacted away here), its archived seal must be that seal,
+    or the local session continues another history than the archive's."""
+    index, url = header.index, report.url
+    before = fmt.segment_name(index - 1) if index > 1 else None
+    if before is None or before in names:
+        return
+    entry = remote.get(before)
+    if entry is None or not entry.regular:
+        return
+    key = store.key(header.log_id, before)
+    tail = store.read_range(key, max(0, entry.size - fmt.HEADER_LINE_LIMIT), entry.size)
+    last = tail[tail.rfind(b"\n", 0, len(tail) - 1) + 1:-1]
+    seal = fmt.parse_seal(last) if tail.endswith(b"\n") and fmt.checksum_ok(last) else None
+    if seal is not None and seal.sha256 != header.prev_seal:
+        local = os.path.join(directory, fmt.segment_name(index))
+        raise ForkError(f"{local} continues a segment sealed {header.prev_seal[:16]}..., but "
+                        f"{url}/{before} is sealed {seal.sha256[:16]}...: another history of "
+                        "this log (a fork): refused, nothing shipped on top of it",
+                        local=local, archived=f"{url}/{before}")
+
+
+def _write_segment(store: Store, key: str, data: bytes, entry: Entry | None,
+                   header: fmt.Header, local: str, archived: str) -> str:
+    """write_once for a sealed segment: a damaged copy is one of the same length that ends
+    with this segment's own seal line."""
+    seal_line = data[data.rfind(b"\n", 0, len(data) - 1):]
+
+    def damaged_copy(back: bytes) -> bool:
+        return len(back) == len(data) and back.endswith(seal_line)
+
+    def why(back: bytes) -> str:
+        return _what_differs(back, len(data), header.index, header.log_id)
+
+    def complete(back: bytes) -> bool:  # a verified sealed segment, of any log
+        return _check_bytes(back, os.path.basename(key), header.index, None, None) is None
+
+    return write_once(store, key, data, entry, local=local, archived=archived,
+                      damaged_copy=damaged_copy, why=why, complete=complete)
 
 
 def ship(path: str | os.PathLike[str], url: str | os.PathLike[str], *,
          storage_options: dict[str, Any] | None = None, recheck: bool = False) -> ShipReport:
     """Copy every sealed segment of the session at `path` not yet archived to URL/<log_id>/,
-    under the same names, and read each copy back to verify it (header, seal, SHA-256).
+    under the same names, and read each copy back to verify it (header, seal, SHA-256); then
+    its quarantine/ (the cut bytes and their manifest, see _quarantine).
 
-    Idempotent and resumable: an object already there with the right size, header line and
-    seal line is skipped (`recheck=True` reads it back in full instead); a missing, partial or
-    wrong one is written again. Never deletes, takes no lock, never reads the active segment,
-    so it runs beside a live writer. A sealed local segment that does not verify raises
-    CorruptionError before anything of it is copied; the ones before it stay shipped.
+    Append-only: an object already there with the right size, header line and seal line is
+    skipped (`recheck=True` reads it back in full instead); a missing one is written, and a
+    partial or damaged copy of the same segment written over. An object that holds anything
+    else (above all a verified segment of another history: a fork) raises ForkError, naming
+    both, and nothing after it is shipped. Never deletes, takes no lock, never reads the
+    active segment, so it runs beside a live writer. A sealed local segment that does not
+    verify raises CorruptionError before anything of it is copied; the ones before it stay
+    shipped.
     """
     directory = os.fspath(path)
     if not os.path.isdir(directory):
@@ -139,7 +172,8 @@ def ship(path: str | os.PathLike[str], url: str | os.PathLike[str], *,
     store = open_store(url, storage_options)
     base = os.fspath(url).rstrip("/")
     report = ShipReport(None, base)
-    remote: dict[str, Entry] | None = None
+    remote: dict[str, Entry] = {}
+    names = {name for _, name in listed}
     for index, name in listed:
         try:
             data = _sealed_bytes(directory, name, index, report.log_id)
@@ -154,43 +188,31 @@ def ship(path: str | os.PathLike[str], url: str | os.PathLike[str], *,
             report.log_id = header.log_id
             report.url = f"{base}/{header.log_id}"
             remote = store.list(store.key(header.log_id))
-        assert remote is not None
+            _check_predecessor(store, remote, directory, report, names, header)
         key = store.key(header.log_id, name)
         entry = remote.get(name)
-        if entry is not None and not entry.regular:
-            raise ArchiveError(f"{report.url}/{name} is a prefix or directory, not an object: "
-                               "refusing to write over it")
         if not recheck and _object_matches(store, key, entry, head + b"\n",
                                            b"\n" + tail + b"\n", len(data)):
             report.skipped.append(name)
             continue
-        if recheck and entry is not None and entry.size == len(data):
-            back = _read_back(store, key, len(data))
-            if back == data:
-                report.skipped.append(name)
-                continue
-        store.put(key, data)
-        back = _read_back(store, key, len(data))
-        seal = fmt.parse_seal(tail)
-        problem = (_check_bytes(back, name, index, header.log_id, seal.sha256 if seal else None)
-                   if len(back) == len(data) else f"{len(back)} bytes read back, not {len(data)}")
-        if problem is None and back != data:
-            problem = "read back differs from the session's segment"
-        if problem is not None:
-            raise ArchiveError(f"{report.url}/{name}: the copy does not read back intact: "
-                               f"{problem}")
-        report.shipped.append(name)
-        if entry is not None:
-            report.replaced.append(name)
-        report.bytes += len(data)
+        outcome = _write_segment(store, key, data, entry, header,
+                                 os.path.join(directory, name), f"{report.url}/{name}")
+        report.count(outcome, name, len(data))
+    if report.log_id is None and has_quarantine(directory):
+        # Nothing sealed yet: the cuts still go under the log's id, from the first header.
+        report.log_id = local_log_id(directory)
+        report.url = f"{base}/{report.log_id}"
+    ship_quarantine(store, directory, report)
     return report
-
 
 
 def verified_copies(path: str | os.PathLike[str], url: str | os.PathLike[str],
                     storage_options: dict[str, Any] | None = None) -> set[str]:
     """Ship the session at `path`, reading back every archived copy in full (`recheck`), and
-    return the names of the sealed segments whose copy matches the local file byte for byte:
-    the ones compaction may delete locally."""
+    return the names whose archived copy matches the local file byte for byte and verifies:
+    the sealed segments compaction may delete locally, and `quarantine/<file>` (with
+    `quarantine/MANIFEST.jsonl`) for the session's quarantined cuts. ForkError when the
+    archive holds another history: then nothing may be dropped."""
     report = ship(path, url, storage_options=storage_options, recheck=True)
-    return set(report.shipped) | set(report.skipped)
+    return (set(report.shipped) | set(report.repaired) | set(report.skipped)) - set(
+        report.unverified)

@@ -1,7 +1,8 @@
-"""Where archived segments live: a Store over a local directory (stdlib) or any fsspec URL."""
+"""Where archived objects live: a Store over a local directory (stdlib) or any fsspec URL."""
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import stat
@@ -35,7 +36,8 @@ def is_url(path: str | os.PathLike[str]) -> bool:
 
 class Store:
     """Objects under one root. Keys are '/'-joined paths below the root; a store never
-    deletes, and writes only through `put`."""
+    deletes, and writes only through `put_new` (a new object) and `put` (over an object that
+    the caller proved holds nothing the new one lacks, see _append)."""
 
     url: str
 
@@ -57,6 +59,12 @@ class Store:
     def put(self, key: str, data: bytes) -> None:
         """Store the object whole, or leave the old one (or none) in its place: a reader
         never sees a prefix of `data` where the backend allows it (see docs/ARCHIVE.md)."""
+        raise NotImplementedError
+
+    def put_new(self, key: str, data: bytes) -> bool:
+        """Store the object only if no object of that name exists (False, nothing written,
+        when one does), as atomically as the backend allows: a ship racing another never
+        writes over the object the other one just verified."""
         raise NotImplementedError
 
 
@@ -97,19 +105,31 @@ class LocalStore(Store):
             os.close(fd)
 
     def put(self, key: str, data: bytes) -> None:
+        self._write(key, data, replace=True)
+
+    def put_new(self, key: str, data: bytes) -> bool:
+        return self._write(key, data, replace=False)
+
+    def _write(self, key: str, data: bytes, *, replace: bool) -> bool:
+        """Write a temporary file, sync it, then put it in place (a rename; for a new object
+        a hard link, which fails if the name exists), then sync the directory."""
         directory = os.path.dirname(key)
         self._makedirs(directory)
         # Not named like a segment, so no reader lists it; removed if anything interrupts us.
         tmp = os.path.join(directory, f".{os.path.basename(key)}.part-{secrets.token_hex(6)}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0),
                      FILE_MODE)
+        placed = True
         try:
             try:
                 write_all(DEFAULT_FS, fd, data)
                 DEFAULT_FS.sync(fd)
             finally:
                 os.close(fd)
-            os.replace(tmp, key)
+            if replace:
+                os.replace(tmp, key)
+            else:
+                placed = _link_new(tmp, key)
         except BaseException:
             try:
                 os.unlink(tmp)
@@ -117,6 +137,7 @@ class LocalStore(Store):
                 pass
             raise
         DEFAULT_FS.sync_dir(directory)
+        return placed
 
     def _makedirs(self, directory: str) -> None:
         if os.path.isdir(directory):
@@ -129,6 +150,28 @@ class LocalStore(Store):
         except FileExistsError:
             pass
         DEFAULT_FS.sync_dir(parent)
+
+
+def _link_new(tmp: str, key: str) -> bool:
+    """Put `tmp` in place as `key` unless `key` exists (a hard link, then `tmp` unlinked). A
+    file system without hard links gets a check then a rename, which a second ship could race
+    (docs/ARCHIVE.md, Limits)."""
+    try:
+        os.link(tmp, key, follow_symlinks=False)
+        placed = True
+    except FileExistsError:
+        placed = False
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS,
+                             errno.EXDEV):
+            raise
+        if os.path.lexists(key):
+            os.unlink(tmp)
+            return False
+        os.replace(tmp, key)
+        return True
+    os.unlink(tmp)
+    return placed
 
 
 class FsspecStore(Store):
@@ -200,6 +243,27 @@ class FsspecStore(Store):
         # One PUT: an object store shows it whole or not at all (s3fs turns more than 100 MiB
         # into a multipart upload, which is also invisible until it completes).
         self._call(f"writing {key}", lambda: self.fs.pipe_file(key, data))
+
+    def put_new(self, key: str, data: bytes) -> bool:
+        # S3 refuses a conditional PUT (If-None-Match: *) when the key exists; s3fs says so
+        # with FileExistsError. Other backends get a check then a write, which a second ship
+        # could race (docs/ARCHIVE.md, Limits).
+        if self._conditional():
+            try:
+                self._call(f"writing {key}", lambda: self.fs.pipe_file(key, data,
+                                                                        mode="create"))
+            except FileExistsError:
+                return False
+            return True
+        if self._call(f"checking {key}", lambda: self.fs.exists(key)):
+            return False
+        self.put(key, data)
+        return True
+
+    def _conditional(self) -> bool:
+        protocol = self.fs.protocol
+        protocols = protocol if isinstance(protocol, (tuple, list)) else (protocol,)
+        return bool({"s3", "s3a"} & set(protocols))
 
 
 def open_store(url: str | os.PathLike[str],

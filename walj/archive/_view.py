@@ -20,6 +20,7 @@ from ..log import _format as fmt
 from ..log._fs import DEFAULT_FS, FileSystem, open_regular
 from ..log._scan import LogScan
 from ..log._segment import Problem, read_header
+from ._quarantine import ArchivedQuarantine, check_quarantine
 from ._store import ArchiveError, Entry, Store, open_store
 
 # Far above any descriptor a process holds: a view's handles are never real descriptors.
@@ -45,6 +46,7 @@ class ArchiveView(FileSystem):
         self._remote: dict[str, Entry] | None = None
         self._handles: dict[int, tuple[IO[bytes], int | None]] = {}
         self._next = _FIRST_HANDLE
+        self._quarantine: ArchivedQuarantine | None = None
 
     # --- where each segment comes from ---
 
@@ -143,10 +145,25 @@ class ArchiveView(FileSystem):
         handle.close()
 
     def finish(self, scan: LogScan) -> None:
-        """After a scan through this view: add the archive's own end problem, if any."""
+        """After a scan through this view: add the archive's own problems, if any: its end
+        (archive_problem) and its quarantined cuts (check_quarantine)."""
         problem = archive_problem(self, scan)
         if problem is not None and problem not in scan.problems:
             scan.problems.append(problem)
+        for problem in self.quarantine().problems:
+            if problem not in scan.problems:
+                scan.problems.append(problem)
+
+    def quarantine(self) -> ArchivedQuarantine:
+        """The archived session's quarantine/, checked once."""
+        if self._quarantine is None:
+            self._quarantine = check_quarantine(self.store, self.prefix)
+        return self._quarantine
+
+    def quarantine_entries(self) -> list[dict[str, Any]]:
+        """The archived cuts as `walj verify --json` lists them (`verified`: the archived copy
+        has the length and SHA-256 of its manifest line)."""
+        return list(self.quarantine().cuts)
 
     def is_symlink(self, path: str) -> bool:
         return stat.S_ISLNK(self.stat(path).st_mode)
@@ -193,7 +210,8 @@ def archive_problem(view: ArchiveView, scan: LogScan) -> Problem | None:
     offset = scan.torn_tail.offset if scan.torn_tail is not None else last.size
     return Problem(last.name, offset, last.last_seq, "unsealed_segment",
                    "the last archived segment has no seal: a partial or truncated object "
-                   "(`walj archive` replaces it from the session directory)")
+                   "(`walj archive` repairs it from the session directory when it is a prefix "
+                   "of the session's segment)")
 
 
 def local_log_id(local: str) -> str:

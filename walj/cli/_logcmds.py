@@ -67,6 +67,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     torn = log_scan.torn_tail
     base = log_scan.base
     ok = not log_scan.problems and not (args.strict and torn is not None)
+    archived_cuts = getattr(fs, "quarantine_entries", None)  # an archive view: its own cuts
     report: dict[str, Any] = {
         "schema": "walj.verify/2",
         "path": path,
@@ -79,7 +80,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         "bytes": segment_bytes(directory, names, fs),
         "torn_tail": torn_json(torn),
         "problems": [problem_json(p) for p in log_scan.problems],
-        "quarantine": quarantine_entries(path),
+        "quarantine": archived_cuts() if archived_cuts else quarantine_entries(path),
         # A compacted log (Log.drop_before) begins at its base marker (schema 2).
         "base": None if base is None else {"segment": base.index, "first_seq": base.first_seq,
                                            "prev": base.prev_seal},
@@ -109,8 +110,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
                      "writer moves it to quarantine/" + (" [--strict: a problem]"
                                                          if args.strict else ""))
     if report["quarantine"]:
-        lines.append(f"  quarantine: {plural(len(report['quarantine']), 'earlier cut')} kept in "
-                     f"{QUARANTINE_DIR}/")
+        cut = sum(e["length"] for e in report["quarantine"] if type(e.get("length")) is int)
+        lines.append(f"  quarantine: {plural(len(report['quarantine']), 'earlier cut')} "
+                     f"({cut:,} bytes) kept in {QUARANTINE_DIR}/"
+                     + (", each checked against its manifest line" if archived_cuts else ""))
     if log_scan.problems:
         lines.append("")
         lines.append(f"{plural(len(log_scan.problems), 'problem')}:")
@@ -120,7 +123,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         lines.append("")
         if "://" in path:  # an archive is never repaired in place
             lines.append("`walj archive SESSION_DIR --to ARCHIVE` writes again every archived "
-                         "segment the session still holds that does not match it.")
+                         "object that is a partial or damaged copy of the session's own files.")
         else:
             lines.append(f"`walj repair {path}` cuts the damaged suffix into quarantine/ "
                          "(see --dry-run first).")

@@ -271,9 +271,15 @@ def check_archived(url: str) -> dict[str, Any]:
     try:
         view = open_view(url)
         entry = check_log(view.directory, view)
+        cuts = view.quarantine().summary()  # checked by check_log: its problems are counted
     except (OSError, WaljError) as exc:
         return _entry(url, "unreadable", detail=f"{url}: {exc}")
     entry["path"] = url
+    entry["quarantine"] = cuts
+    if cuts["cuts"]:
+        entry["detail"] = "; ".join(filter(None, [
+            entry["detail"], f"{plural(cuts['cuts'], 'quarantined cut')} ({cuts['bytes']:,} "
+            "bytes) archived"]))
     return entry
 
 
