@@ -243,6 +243,7 @@ class Log(Compaction, Rotation):
         """With the lock held: one write of `count` framed records from `first_seq`, then
         rotate or sync. The counters are set from values taken before the write, so setting
         them twice is harmless, and an interrupt is settled from the file's size."""
+        self._check_lock()
         offset, records = self._offset, self._segment_records
         try:
             written = self._os_write(self._fd, data)
@@ -298,6 +299,9 @@ class Log(Compaction, Rotation):
                 return "the active segment was deleted under this writer"
         except OSError as exc:
             return f"the active segment cannot be checked: {exc}"
+        return self._lock_lost()
+
+    def _lock_lost(self) -> str | None:
         lock = self._writer_lock
         return lock.still_held() if lock is not None else None
 
