@@ -27,7 +27,8 @@ import walj
 PROBLEM_KEYS = {"file", "offset", "seq", "kind", "detail"}
 BLOCKER_KEYS = {"execution_id", "tool", "call_id", "state", "turn_sequence", "arguments_sha256",
                 "arguments_preview", "idempotency_key", "started_at", "age_seconds", "seq",
-                "error_type", "reconcile_error", "arguments", "quarantine_file"}
+                "error_type", "reconcile_error", "arguments", "quarantine_file", "writer_id",
+                "in_flight"}
 
 
 @pytest.fixture(scope="module")
