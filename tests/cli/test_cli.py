@@ -4,6 +4,7 @@ one-line errors for bad input."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,10 +22,13 @@ from cli_helpers import (
 )
 from helpers import segments
 
+import walj
+
 PROBLEM_KEYS = {"file", "offset", "seq", "kind", "detail"}
 BLOCKER_KEYS = {"execution_id", "tool", "call_id", "state", "turn_sequence", "arguments_sha256",
                 "arguments_preview", "idempotency_key", "started_at", "age_seconds", "seq",
-                "error_type", "reconcile_error", "arguments", "quarantine_file"}
+                "error_type", "reconcile_error", "arguments", "quarantine_file", "writer_id",
+                "in_flight"}
 
 
 @pytest.fixture(scope="module")
@@ -257,6 +261,29 @@ def test_dump_of_a_damaged_log_shows_what_verifies_and_exits_1(tmp_path: Path) -
     seqs = [r["seq"] for r in run.lines()]
     assert 6 not in seqs and seqs == [s for s in range(1, 301) if s != 6]
     assert "bad_checksum" in run.err and "Traceback" not in run.err
+
+
+def test_dump_shows_no_record_of_a_foreign_segment(tmp_path: Path) -> None:
+    """Another log's segment placed among this one's: its lines verify, but they are not this
+    log's records, so dump shows none of them and names the segment on stderr."""
+    mine, other = tmp_path / "mine", tmp_path / "other"
+    for path, name in ((mine, "mine"), (other, "other")):
+        with walj.Log.open(path, segment_bytes=1024) as log:
+            for i in range(40):
+                log.append({"log": name, "i": i, "pad": "x" * 60})
+    foreign = segments(other)[1]
+    assert len(segments(mine)) > 2 and foreign.name == segments(mine)[1].name
+    shutil.copyfile(foreign, segments(mine)[1])
+    own = [r.seq for r in walj.read(mine, recovery="salvage") if r.data["log"] == "mine"]
+    for options in ([], ["--from-seq", "5"]):
+        run = walj_cli("dump", mine, "--json", *options)
+        assert run.code == 1
+        rows = run.lines()
+        assert rows and all(r["data"]["log"] == "mine" for r in rows)
+        assert [r["seq"] for r in rows] == [s for s in own if s >= 5 or not options]
+        assert f"{foreign.name} at byte 0" in run.err and "foreign_segment" in run.err
+    table = walj_cli("dump", mine)
+    assert table.code == 1 and '"other"' not in table.out and '"mine"' in table.out
 
 
 def test_tail_last_records(logs: dict[str, Any]) -> None:

@@ -534,7 +534,8 @@ FIELDS = ["kind", "version", "execution_id", "llm_call_id", "at", "turn_sequence
           "arguments_length", "arguments", "outcome", "output_sha256", "output_preview",
           "output_length", "error", "error_type", "blocked_by", "blocked_by_turns", "actor",
           "note", "output", "model", "request_sha256", "request_preview", "request_length",
-          "response_sha256", "response_preview", "response_length", "blocks_dispatch"]
+          "response_sha256", "response_preview", "response_length", "blocks_dispatch",
+          "writer"]
 mutations = st.lists(st.tuples(st.integers(0, len(history()) - 1), st.sampled_from(FIELDS),
                                json_values), min_size=1, max_size=3)
 
@@ -568,7 +569,8 @@ def check_rebuild(records: list[Any]) -> None:
         return
     for b in recovery.blockers:
         assert b.started_at is None or 0 <= b.started_at <= 253402300799
-        for text in (b.tool, b.call_id, b.arguments_preview, b.error_type, b.reconcile_error):
+        for text in (b.tool, b.call_id, b.arguments_preview, b.error_type, b.reconcile_error,
+                     b.writer):
             assert text is None or isinstance(text, str)
         assert b.turn_sequence is None or type(b.turn_sequence) is int
     for r in recovery.resolved:

@@ -17,7 +17,7 @@ from ..journal._damage import CutLedger, unrecorded
 from ..journal._decode import time_of
 from ..log import _format as fmt
 from ..log._fs import DEFAULT_FS, FileSystem
-from ..log._lock import owner_info
+from ..log._lock import holds_lock, owner_info
 from ..log._quarantine import cut_lines, read_manifest
 from ..log._scan import LogScan, TornTail
 from ..log._segment import Problem, read_header
@@ -119,22 +119,28 @@ def log_created(path: str, names: Sequence[str],
 
 
 def last_writer(path: str) -> dict[str, Any] | None:
-    """The writer that last took the log's lock, from LOCK.owner (read, never locked), and
-    whether that process still runs on this host (None: another host, so unknown)."""
+    """The writer that last took the log's lock, from LOCK.owner (read, never locked): its
+    writer id, whether that process still runs on this host, and whether it still holds the
+    lock (from the kernel's table of locks; None: another host, or no table, so unknown)."""
     info = owner_info(path)
     if info is None:
         return None
-    pid, host, since = info
+    pid, host, since, writer = info
     running: bool | None = None
+    holds: bool | None = None
     if host == socket.gethostname():
         try:
+            if pid <= 0:  # kill() would take it for a process group, or every process
+                raise ProcessLookupError
             os.kill(pid, 0)
             running = True
         except PermissionError:
             running = True
-        except (OSError, OverflowError):
+        except (OSError, OverflowError, ValueError):
             running = False
-    return {"pid": pid, "host": host, "since": since, "running": running}
+        holds = holds_lock(path, pid) if running else False
+    return {"pid": pid, "host": host, "since": since, "running": running,
+            "writer_id": writer, "holds_lock": holds}
 
 
 def os_error(exc: OSError) -> CliError:

@@ -83,7 +83,19 @@ def snapshot(path: str, state: RecoveryState) -> Recovery:
                        EXIT_PROBLEMS) from None
 
 
-def blocker_json(b: Blocker, now: float) -> dict[str, Any]:
+def in_flight(blocker: Blocker, writer: dict[str, Any] | None) -> bool:
+    """Whether a `started` blocker's call may still be running rather than interrupted: only
+    when the open that wrote its started record is the one that holds the log now (its writer
+    id is the one in LOCK.owner, that process runs on this host, and the kernel's table of
+    locks, where there is one, shows it holding LOCK). Never for another writer's record (a
+    restarted process blocked by it holds the lock), nor for one written before records
+    carried a writer id."""
+    return (blocker.state == "started" and blocker.writer is not None and writer is not None
+            and writer.get("writer_id") == blocker.writer and writer.get("running") is True
+            and writer.get("holds_lock") is not False)
+
+
+def blocker_json(b: Blocker, now: float, writer: dict[str, Any] | None = None) -> dict[str, Any]:
     return {
         "execution_id": b.execution_id, "tool": b.tool, "call_id": b.call_id, "state": b.state,
         "turn_sequence": b.turn_sequence, "arguments_sha256": b.arguments_sha256,
@@ -91,13 +103,15 @@ def blocker_json(b: Blocker, now: float) -> dict[str, Any]:
         "started_at": b.started_at, "age_seconds": age(b.started_at, now), "seq": b.seq,
         "error_type": b.error_type, "reconcile_error": b.reconcile_error,
         "arguments": b.arguments, "quarantine_file": b.quarantine_file,
+        "writer_id": b.writer, "in_flight": in_flight(b, writer),
     }
 
 
-def recovery_json(rec: Recovery, now: float) -> dict[str, Any]:
+def recovery_json(rec: Recovery, now: float,
+                  writer: dict[str, Any] | None = None) -> dict[str, Any]:
     return {
         "blocked": rec.blocked,
-        "blockers": [blocker_json(b, now) for b in rec.blockers],
+        "blockers": [blocker_json(b, now, writer) for b in rec.blockers],
         "incomplete_turns": [
             {"turn_sequence": t.turn_sequence, "started_at": t.started_at,
              "age_seconds": age(t.started_at, now), "seq": t.seq, "tool_bearing": t.tool_bearing}
@@ -140,7 +154,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         "torn_tail": torn_json(log_scan.torn_tail),
         "writer": last_writer(path),
     }
-    report.update(recovery_json(rec, now))
+    report.update(recovery_json(rec, now, report["writer"]))
     code = EXIT_PROBLEMS if rec.blocked or log_scan.problems else EXIT_OK
     if args.json:
         emit_json(report)
@@ -169,9 +183,11 @@ def _inspect_text(path: str, report: dict[str, Any], log_scan: LogScan, rec: Rec
         lines.append(f"WARNING  the log has {plural(len(log_scan.problems), 'problem')}; this "
                      f"state is rebuilt from the records that verify (`walj verify {path}`)")
     writer = report["writer"]
-    if writer is not None and writer["running"] and rec.blockers:
-        lines.append(f"note     the last writer (pid {writer['pid']}, since {writer['since']}) "
-                     "still runs: a 'started' execution may be in flight, not interrupted")
+    running = [short(b.execution_id, 32) for b in rec.blockers if in_flight(b, writer)]
+    if running:
+        lines.append(f"note     {', '.join(running)} may be in flight, not interrupted: the "
+                     f"process that started {'it' if len(running) == 1 else 'them'} (pid "
+                     f"{writer['pid']}, since {writer['since']}) still holds the log")
     if log_scan.torn_tail is not None:
         torn = log_scan.torn_tail
         lines.append(f"note     torn tail of {torn.length:,} bytes in {torn.file} (a write in "
@@ -268,6 +284,7 @@ def _inspect_execution(path: str, names: list[str], wanted: str, as_json: bool,
     now = time.time()
     blocker = next((b for b in snapshot(path, state).blockers
                     if b.execution_id == execution_id), None)
+    writer = last_writer(path) if blocker is not None else None
     started = next((d for _, d in found if d.get("kind") == "tool_execution_started"), None)
     first = found[0][1]
     terminal = next((d for _, d in found if d.get("kind") in (
@@ -296,7 +313,7 @@ def _inspect_execution(path: str, names: list[str], wanted: str, as_json: bool,
         "call_id": opt_str(first.get("call_id")),
         "turn_sequence": turn_number(first.get("turn_sequence")),
         "status": status,
-        "blocker": None if blocker is None else blocker_json(blocker, now),
+        "blocker": None if blocker is None else blocker_json(blocker, now, writer),
         "records": [{"seq": seq, "data": data} for seq, data in found],
     }
     code = EXIT_PROBLEMS if blocker is not None or log_scan.problems else EXIT_OK
@@ -307,6 +324,10 @@ def _inspect_execution(path: str, names: list[str], wanted: str, as_json: bool,
              f"tool       {report['tool'] or '-'} (call {report['call_id'] or '-'}, turn "
              f"{report['turn_sequence'] if report['turn_sequence'] is not None else '-'})",
              f"status     {status}"]
+    if blocker is not None and writer is not None and in_flight(blocker, writer):
+        lines.append(f"note       the writer that started it (pid {writer['pid']}, since "
+                     f"{writer['since']}) still holds the log: it may be in flight, not "
+                     "interrupted")
     if started is not None:
         lines.append(f"arguments  sha256:{short(started.get('arguments_sha256'), 64)}  "
                      f"{short(started.get('arguments_preview'), 160)}")

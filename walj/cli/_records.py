@@ -10,7 +10,7 @@ import re
 import signal
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ..journal._decode import decode_record
@@ -191,7 +191,7 @@ def cmd_dump(args: argparse.Namespace) -> int:
     log_scan, records = scan(directory, names, start_seq=args.from_seq, desc="dumping", fs=fs)
     printer = Printer(args.json, args.kind)
     batch: list[tuple[int, bytes]] = []
-    for seq, raw in records:
+    for seq, raw in _own_records(log_scan, records):
         if args.to_seq is not None and seq > args.to_seq:
             break
         batch.append((seq, raw))
@@ -200,6 +200,21 @@ def cmd_dump(args: argparse.Namespace) -> int:
             batch.clear()
     printer.write(batch)
     return _report_problems(log_scan, printer)
+
+
+def _own_records(log_scan: LogScan,
+                 records: Iterable[tuple[int, bytes]]) -> Iterator[tuple[int, bytes]]:
+    """The records of this log: a segment whose header names another log (`foreign_segment`,
+    reported before its first record) is another log's, though its lines verify."""
+    segment, foreign = None, False
+    for record in records:
+        reading = log_scan.reading
+        if reading is not segment:
+            segment = reading
+            foreign = reading is not None and any(
+                p.kind == "foreign_segment" for p in reading.problems)
+        if not foreign:
+            yield record
 
 
 # --- tail -----------------------------------------------------------------------------------

@@ -107,6 +107,7 @@ class Blocker:
     reconcile_error: str | None = None
     arguments: Any = None
     quarantine_file: str | None = None  # a log_damage blocker: the cut bytes, in quarantine/
+    writer: str | None = None  # the writer id of the log handle that wrote the started record
 
 
 @dataclass(frozen=True)

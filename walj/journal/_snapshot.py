@@ -109,4 +109,5 @@ class RecoveryView:
             arguments_preview=_opt_str(record, "arguments_preview"),
             idempotency_key=_opt_str(record, "idempotency_key"), started_at=_time(record),
             seq=execution.seq, error_type=execution.error_type,
-            reconcile_error=execution.reconcile_error, arguments=record.get("arguments"))
+            reconcile_error=execution.reconcile_error, arguments=record.get("arguments"),
+            writer=_opt_str(record, "writer"))

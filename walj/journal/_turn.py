@@ -170,7 +170,7 @@ class Turn(TurnSlot):
                               core.log_id)
         started = _writes.intent(execution_id, self.sequence, name, call_id, digest, key,
                                  arguments if core.store_arguments else None,
-                                 call_id_generated=generated)
+                                 call_id_generated=generated, writer=core.log.writer_id)
         return _Prepared(name, call_id, arguments, tool, digest, context, started, generated)
 
     def _finish(self, prep: _Prepared, outcome: str, output: Any,

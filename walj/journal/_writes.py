@@ -34,10 +34,12 @@ def turn_resolved(sequence: int, actor: str, note: str | None) -> dict[str, Any]
 
 def intent(execution_id: str, turn_sequence: int, tool: str, call_id: str, digest: Digest,
            idempotency_key: str, arguments: Any = None, *,
-           call_id_generated: bool = False) -> dict[str, Any]:
+           call_id_generated: bool = False, writer: str | None = None) -> dict[str, Any]:
     """tool_execution_started; `arguments` only when the journal stores them.
     `call_id_generated`: walj made up the call id (turn-N-call-M), so replay never keys on it;
-    written right after call_id, where the rebuild's fast path looks for it."""
+    written right after call_id, where the rebuild's fast path looks for it. `writer`: the
+    log's writer id (`Log.writer_id`), so a reader can tell whether the process that runs the
+    call still holds the log."""
     record: dict[str, Any] = {
         "kind": rc.STARTED, "version": rc.CONTRACT_VERSION, "execution_id": execution_id,
         "at": now(), "turn_sequence": turn_sequence, "tool": tool, "call_id": call_id,
@@ -48,6 +50,8 @@ def intent(execution_id: str, turn_sequence: int, tool: str, call_id: str, diges
         "arguments_sha256": digest.sha256, "idempotency_key": idempotency_key,
         "arguments_preview": digest.preview, "arguments_length": digest.length,
     })
+    if writer is not None:
+        record["writer"] = writer
     if arguments is not None:
         record["arguments"] = arguments
     return record
@@ -134,6 +138,7 @@ def blocked_record(started: dict[str, Any], blockers: tuple[Any, ...]) -> dict[s
     record["kind"] = rc.BLOCKED
     record.pop("idempotency_key", None)
     record.pop("arguments", None)
+    record.pop("writer", None)
     record["blocked_by"] = [b.execution_id for b in blockers if b.execution_id is not None]
     record["blocked_by_turns"] = [b.turn_sequence for b in blockers if b.execution_id is None]
     return record

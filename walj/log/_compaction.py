@@ -68,6 +68,7 @@ class Compaction(Durability):
         with self._drop_lock:
             with self._lock:
                 self._ready()
+                self._check_lock()
                 if seq > self._next_seq:
                     raise ValueError(f"seq {seq} is beyond the log's end (last seq "
                                      f"{self._next_seq - 1})")

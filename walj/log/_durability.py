@@ -77,6 +77,21 @@ class Durability:
     def _gone(self) -> str | None:
         raise NotImplementedError
 
+    def _check_lock(self) -> None:
+        """With the lock held, before anything is written to the directory (a record, a seal,
+        a segment, a base marker): poison, having written nothing, when LOCK is no longer the
+        file this writer locked. Deleted or replaced, it may have let a second writer in, and a
+        record written now could repeat that writer's seqs. One lstat per write call."""
+        problem = self._lock_lost()
+        if problem is not None:
+            failure = PoisonedError(f"{self._dir}: {problem}; nothing more was written, and "
+                                    f"records after seq {self._durable_seq} may be lost")
+            self._set_poison(failure)
+            raise failure
+
+    def _lock_lost(self) -> str | None:
+        raise NotImplementedError
+
     def _wake_gatherer(self) -> None:
         """With the lock held: wake a gathering leader only once it has nothing left to wait
         for, since every needless wake-up is a thread switch on the hot path."""

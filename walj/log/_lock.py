@@ -9,6 +9,7 @@ import socket
 import stat
 import threading
 import time
+from typing import NamedTuple
 
 from ..errors import CorruptionError, LockedError
 from ._durability import io_failure
@@ -21,22 +22,65 @@ _open_dirs: dict[tuple[int, int], tuple[str, object]] = {}
 _open_dirs_guard = threading.Lock()
 
 
-def owner_info(directory: str) -> tuple[int, str, str] | None:
-    """(pid, host, since) of the writer that holds or last held the lock, as it wrote them to
-    LOCK.owner; None if unknown (a LOCK.owner that is not a regular file included: a FIFO
-    there would hang the read)."""
+class Owner(NamedTuple):
+    """The writer that holds or last held a directory's lock, as it wrote itself to LOCK.owner.
+    `writer` is its writer id (`Log.writer_id`); None in a LOCK.owner written before walj
+    recorded one, or when the field is not a short string."""
+
+    pid: int
+    host: str
+    since: str
+    writer: str | None
+
+
+def owner_info(directory: str) -> Owner | None:
+    """The writer that holds or last held the lock, from LOCK.owner; None if unknown (a
+    LOCK.owner that is not a regular file included: a FIFO there would hang the read)."""
     try:
-        # The holder writes under 100 bytes; the cap bounds a hostile file (cut, it won't parse).
+        # The holder writes under 150 bytes; the cap bounds a hostile file (cut, it won't parse).
         info = json.loads(read_regular(os.path.join(directory, OWNER_NAME), 64 * 1024))
-        return int(info["pid"]), str(info["host"]), str(info["since"])
-    except (OSError, CorruptionError, ValueError, KeyError, TypeError):
+        writer = info.get("writer")
+        if not isinstance(writer, str) or not 0 < len(writer) <= 64:
+            writer = None
+        return Owner(int(info["pid"]), str(info["host"]), str(info["since"]), writer)
+    except (OSError, CorruptionError, ValueError, KeyError, TypeError, AttributeError,
+            OverflowError, RecursionError):  # RecursionError: JSON nested thousands deep
         return None
 
 
 def read_owner(directory: str) -> str | None:
     """Who holds (or last held) the directory's lock, for LockedError; None if unknown."""
     info = owner_info(directory)
-    return None if info is None else f"pid {info[0]} on {info[1]} since {info[2]}"
+    return None if info is None else f"pid {info.pid} on {info.host} since {info.since}"
+
+
+def holds_lock(directory: str, pid: int) -> bool | None:
+    """Whether process `pid` (as this host's /proc names it) holds the flock on the
+    directory's LOCK now, from the kernel's table of locks, /proc/locks; None where there is
+    no such table. Read-only: a reader that tried the lock itself, even for a moment, could
+    make a writer opening just then fail with LockedError. The entry is matched by inode
+    (a btrfs subvolume reports another device number than the kernel's table)."""
+    try:
+        st = os.lstat(os.path.join(directory, LOCK_NAME))
+    except OSError:
+        return False  # no LOCK (or none this process may see): nobody holds it
+    if not stat.S_ISREG(st.st_mode):
+        return False
+    try:
+        with open("/proc/locks", "rb") as table:
+            lines = table.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        # "1: FLOCK  ADVISORY  WRITE 4242 fe:00:2221512 0 EOF"; a waiter's line has "->"
+        # after the number, so it is never taken for a holder.
+        fields = line.split()
+        if len(fields) < 6 or fields[1] != b"FLOCK" or fields[3] != b"WRITE":
+            continue
+        if fields[4] == str(pid).encode() and fields[5].rsplit(b":", 1)[-1] == \
+                str(st.st_ino).encode():
+            return True
+    return False
 
 
 class WriterLock:
@@ -48,6 +92,8 @@ class WriterLock:
         self._key = (st.st_dev, st.st_ino)
         self._path = os.path.join(directory, LOCK_NAME)
         self._fd = -1
+        # Which open this is, for records to carry and LOCK.owner to name (see Log.writer_id).
+        self.writer_id = os.urandom(8).hex()
         token = self._token = object()
         try:
             with _open_dirs_guard:
@@ -70,14 +116,15 @@ class WriterLock:
             self.release()
             raise
 
-    @staticmethod
-    def _write_owner(fs: FileSystem, directory: str) -> None:
-        # Informational only (LockedError quotes it), so it is not fsynced: after a crash a stale
-        # or missing owner file costs a less helpful message, never data.
+    def _write_owner(self, fs: FileSystem, directory: str) -> None:
+        # Informational only (LockedError quotes it, `walj inspect` reads it), so it is not
+        # fsynced: after a crash a stale or missing owner file costs a less helpful message,
+        # never data.
         info = {
             "pid": os.getpid(),
             "host": socket.gethostname(),
             "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "writer": self.writer_id,
         }
         tmp = os.path.join(directory, OWNER_NAME + ".tmp")
         try:

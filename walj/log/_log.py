@@ -62,6 +62,7 @@ class Log(Compaction, Rotation):
         self._init_durability()
         self._unusable = read_only
         self._writer_lock: WriterLock | None = None
+        self._writer_id: str | None = None
         self._fd = -1
         self._index = 0
         self._offset = 0
@@ -110,6 +111,7 @@ class Log(Compaction, Rotation):
             prepare_directory(fs, directory, create=not read_only)
             if not read_only:
                 log._writer_lock = WriterLock(fs, directory, lock_timeout)
+                log._writer_id = log._writer_lock.writer_id
             log._recover(recovery, _replay, _replay_start)
             if sync == "interval" and not read_only:
                 log._syncer = threading.Thread(
@@ -243,6 +245,7 @@ class Log(Compaction, Rotation):
         """With the lock held: one write of `count` framed records from `first_seq`, then
         rotate or sync. The counters are set from values taken before the write, so setting
         them twice is harmless, and an interrupt is settled from the file's size."""
+        self._check_lock()
         offset, records = self._offset, self._segment_records
         try:
             written = self._os_write(self._fd, data)
@@ -298,6 +301,9 @@ class Log(Compaction, Rotation):
                 return "the active segment was deleted under this writer"
         except OSError as exc:
             return f"the active segment cannot be checked: {exc}"
+        return self._lock_lost()
+
+    def _lock_lost(self) -> str | None:
         lock = self._writer_lock
         return lock.still_held() if lock is not None else None
 
@@ -390,6 +396,14 @@ class Log(Compaction, Rotation):
     @property
     def log_id(self) -> str:
         return self._log_id
+
+    @property
+    def writer_id(self) -> str | None:
+        """This open's identity as the log's writer: 16 random hex digits, made when it took
+        the lock and written to LOCK.owner beside its pid (None for a read-only handle). A
+        record that carries it says which open wrote it, so that a reader can tell whether
+        that writer still holds the log (docs/FORMAT.md, *Files in a log directory*)."""
+        return self._writer_id
 
     def quarantined(self) -> list[Quarantined]:
         """Every cut into quarantine/ its manifest records, oldest first (recovery's and

@@ -37,6 +37,7 @@ class Rotation(Durability):
     def _create_segment(self, index: int, first_seq: int, prev_seal: str) -> None:
         """Write the header under a temporary name, sync, rename, sync the directory. Safe to
         repeat after an interrupt: a leftover temporary or header-only segment is replaced."""
+        self._check_lock()
         name = fmt.segment_name(index)
         final = os.path.join(self._dir, name)
         tmp = final + ".tmp"
@@ -112,6 +113,7 @@ class Rotation(Durability):
         self._finish_rotation()
 
     def _write_seal(self) -> None:
+        self._check_lock()
         offset = self._offset
         last_seq = self._next_seq - 1
         seal = fmt.Seal(last_seq, self._segment_records, self._hash.hexdigest())

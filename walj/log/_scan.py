@@ -139,6 +139,7 @@ class LogScan:
         self.segments: list[str] = []
         self.last: SegmentScan | None = None
         self.before_last: SegmentScan | None = None
+        self.reading: SegmentScan | None = None  # while iterating: the last record's segment
         self.log_id: str | None = None
         self.base: Base | None = None  # where a compacted log begins (BASE)
         self.leftovers: list[str] = []  # segments below the base, never read
@@ -194,6 +195,7 @@ class LogScan:
                               expected_first_seq=None if at_base else expected_seq,
                               expected_log_id=self.log_id, start_seq=self.start_seq,
                               before_late_record=partial(self._late_record, final=final))
+            self.reading = seg
             yield from seg
             start = seg.reported
             self.records += seg.records
