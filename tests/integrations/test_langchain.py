@@ -236,7 +236,7 @@ def test_a_blocked_call_is_an_error_tool_message_and_runs_nothing(tmp_path: Path
         [blocked] = tool_messages(graph.invoke(asks(lf.call("call_2", "send", {"to": "ann"})),
                                                CONFIG))
     assert runs == ["lost"]
-    assert blocked.status == "error" and "Nothing was run" in str(blocked.content)
+    assert blocked.status == "error" and "was not run" in str(blocked.content)
     assert blocked.tool_call_id == "call_2"
 
 
@@ -287,7 +287,7 @@ def test_with_on_blocked_interrupt_a_person_answers_through_command_resume(
             graph.invoke(asks(lf.call("call_1", "send", {"to": "lost"})), CONFIG)
         state = graph.invoke(asks(lf.call("call_2", "send", {"to": "bob"})), CONFIG)
     assert "__interrupt__" not in state and runs == ["lost", "ann", "lost"]
-    assert "Nothing was run" in str(tool_messages(state)[-1].content)
+    assert "was not run" in str(tool_messages(state)[-1].content)
 
 
 def test_a_resumed_step_resolves_its_interrupted_turn_and_runs_its_other_calls(
@@ -328,7 +328,7 @@ def test_a_resumed_step_resolves_its_interrupted_turn_and_runs_its_other_calls(
         graph = tool_node_graph([lookup], walj_mw)
         state = graph.invoke(asks(lf.call("call_a", "lookup", {"order": 1})), other)
         assert walj_mw.journal("other").recovery.blocked
-    assert runs == [2] and "Nothing was run" in str(tool_messages(state)[0].content)
+    assert runs == [2] and "was not run" in str(tool_messages(state)[0].content)
 
 
 def test_a_call_without_a_thread_or_with_bad_options_is_a_clear_error(tmp_path: Path) -> None:

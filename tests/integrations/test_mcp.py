@@ -239,7 +239,7 @@ def test_a_timeout_is_ambiguous_and_blocks_until_resolved_across_a_reopen(logdir
                 assert journal.is_blocked()
                 blocked = await mcp_client.call_tool("send", {"to": "ann"})
                 assert blocked.is_error
-                assert "walj blocked tool 'send'" in blocked.content[0].text  # type: ignore
+                assert "The tool 'send' was not run" in blocked.content[0].text  # type: ignore
                 assert blocked.meta is not None
                 output = blocked.meta[BLOCKED_META]
                 assert output["status"] == "blocked_interrupted_execution"
@@ -388,5 +388,5 @@ def test_the_example_runs_offline() -> None:
     done = subprocess.run([sys.executable, str(EXAMPLE)], capture_output=True, text=True,
                           timeout=60, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "blocked: walj blocked tool 'send_email'" in done.stdout
+    assert "blocked: The tool 'send_email' was not run" in done.stdout
     assert "after resolution: sent to carol@example.com" in done.stdout

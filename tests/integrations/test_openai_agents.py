@@ -143,8 +143,8 @@ def test_killed_inside_the_tool_blocks_the_replanned_call_until_resolved(tmp_pat
     second = Child(tmp_path)  # the same journal and Session file
     blocked = second.send("append_line", "call-2")  # the model re-plans with a new id
     assert blocked is not None
-    assert blocked["outputs"][0].startswith(BLOCKED_PREFIX + "walj blocked tool 'append_line'")
-    assert "Nothing was run" in blocked["final"]  # the model saw it, and the run went on
+    assert blocked["outputs"][0].startswith(BLOCKED_PREFIX + "The tool 'append_line' was not run")
+    assert "was not run" in blocked["final"]  # the model saw it, and the run went on
     assert ledger(tmp_path) == ["charge 42"]
     # The Session dropped the interrupted call, which had no output: the model never saw call-1.
     assert "call-1" not in json.dumps(blocked["model_inputs"])

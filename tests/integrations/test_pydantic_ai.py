@@ -90,7 +90,7 @@ def test_killed_inside_the_tool_blocks_then_resolve_and_replay_finish_the_run(
     # Resumed: Pydantic AI re-executes call_refund; walj blocks it, and the model is told.
     result, calls = resume(root, effects, checkpoint)
     assert calls == [] and effect_lines(effects) == ["refund 7 30"]
-    assert result.output.startswith("failed: walj blocked tool 'send_refund'")
+    assert result.output.startswith("failed: The tool 'send_refund' was not run")
     with walj.ToolJournal.open(session(root)) as journal:
         [blocker] = journal.recovery.blockers
     assert (blocker.state, blocker.call_id) == ("started", pc.CALL_ID)
@@ -335,7 +335,7 @@ def test_defer_lets_a_person_answer_and_replay_uses_the_answer(tmp_path: Path) -
         assert isinstance(requests, DeferredToolRequests)
         [deferred] = requests.calls
         assert deferred.tool_call_id == pc.CALL_ID
-        assert requests.metadata[pc.CALL_ID][METADATA_KEY]["message"].startswith("walj blocked")
+        assert requests.metadata[pc.CALL_ID][METADATA_KEY]["message"].startswith("The tool 'send_refund' was not run")
 
         answer = answer_blocked(requests, outcome="succeeded", actor="ann",
                                 note="the bank shows the refund", output="refund 7 confirmed")

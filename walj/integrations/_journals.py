@@ -1,0 +1,349 @@
+"""The open journals of one integration, one per session: opened on demand, held while a run
+of the session is active, closed once idle too long or to keep the number open bounded, and
+released or ended on request.
+
+`SessionJournals(root, make, ...)` keeps, per session id, the value `make(journal)` builds on
+the journal `ToolJournal.open_session(root, session_id, **options)` opens (an integration's
+own per-session state, which closes the journal when it closes). Rules:
+
+- A session with an active run (`acquire` without its `done`) is never closed by idleness,
+  eviction or `release`; `end` and `release` refuse it (`walj.TurnError`).
+- An idle session is closed once unused for `idle_timeout` seconds: checked on every access
+  (oldest first, stopping at the first that is not due) and by one daemon thread per process
+  that serves every `SessionJournals`. The next use opens it again.
+- At most `max_open` are open: opening one more closes the least recently used idle ones.
+  Active ones are never evicted, so a burst of concurrent runs may exceed it for a while.
+- A journal that another process holds (its lock is taken: another worker of a pool serving
+  the same thread) is waited for, up to `lock_timeout` seconds, then `walj.LockedError`.
+- A journal that closed on its own (a request to release it) is forgotten, and opened again on
+  its next use.
+
+Opening and closing run outside the registry's lock, so one session that waits for its lock
+holds up no other. A KeyboardInterrupt anywhere leaves each session either registered and
+open or neither: an open interrupted before it registers closes what it opened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from typing import Any, Generic, Protocol, TypeVar
+
+import walj
+
+DEFAULT_IDLE_TIMEOUT = 600.0
+DEFAULT_MAX_OPEN = 1024
+DEFAULT_LOCK_TIMEOUT = 30.0
+
+
+class Held(Protocol):
+    """What an integration keeps per session: the journal, and how to close it (a live turn
+    first, left incomplete, as after a crash)."""
+
+    @property
+    def journal(self) -> walj.ToolJournal: ...
+
+    def close(self) -> None: ...
+
+
+H = TypeVar("H", bound=Held)
+
+
+class _Entry(Generic[H]):
+    __slots__ = ("active", "held", "ready", "used")
+
+    def __init__(self) -> None:
+        self.held: H | None = None  # None while it is being opened
+        self.ready = threading.Event()  # set once opened, or once the open failed
+        self.active = 0  # runs of this session under way
+        self.used = time.monotonic()
+
+
+def check_limits(idle_timeout: float | None, max_open: int, lock_timeout: float) -> None:
+    if idle_timeout is not None and (not isinstance(idle_timeout, (int, float))
+                                     or isinstance(idle_timeout, bool) or not idle_timeout > 0):
+        raise ValueError(f"idle_timeout must be a positive number of seconds or None, not "
+                         f"{idle_timeout!r}")
+    if type(max_open) is not int or max_open < 1:
+        raise ValueError(f"max_open must be a positive int, not {max_open!r}")
+    if (not isinstance(lock_timeout, (int, float)) or isinstance(lock_timeout, bool)
+            or not lock_timeout >= 0):
+        raise ValueError(f"lock_timeout must be a number of seconds >= 0, not {lock_timeout!r}")
+
+
+class SessionJournals(Generic[H]):
+    """The journals an integration holds, keyed by session id. Thread-safe."""
+
+    def __init__(self, root: str | os.PathLike[str], make: Callable[[walj.ToolJournal], H], *,
+                 options: Mapping[str, Any], idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
+                 max_open: int = DEFAULT_MAX_OPEN,
+                 lock_timeout: float = DEFAULT_LOCK_TIMEOUT) -> None:
+        check_limits(idle_timeout, max_open, lock_timeout)
+        if "lock_timeout" in options:
+            raise ValueError("pass lock_timeout to the integration, not as a journal option")
+        self._root = os.fspath(root)
+        self._make = make
+        self._options = dict(options)
+        self.idle_timeout = None if idle_timeout is None else float(idle_timeout)
+        self.max_open = max_open
+        self.lock_timeout = float(lock_timeout)
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[str, _Entry[H]] = OrderedDict()  # least recently used first
+        self._closed = False
+        if self.idle_timeout is not None:
+            _Sweeper.watch(self)
+
+    @property
+    def root(self) -> str:
+        return self._root
+
+    def open_ids(self) -> list[str]:
+        """The sessions open now, least recently used first."""
+        with self._lock:
+            return [key for key, entry in self._entries.items() if entry.held is not None]
+
+    # --- using ----------------------------------------------------------------------------------
+
+    def get(self, session_id: str) -> H:
+        """The session's value, opened if needed; no run is counted."""
+        return self._use(session_id, 0)
+
+    def acquire(self, session_id: str) -> H:
+        """The session's value, opened if needed, with one more active run: it stays open until
+        the matching `done`."""
+        return self._use(session_id, 1)
+
+    async def aacquire(self, session_id: str) -> H:
+        """As `acquire`, in a worker thread (an open may wait for a lock). Cancelled, it still
+        counts the run out once the worker's open finished, so nothing stays active for good."""
+        future = asyncio.get_running_loop().run_in_executor(None, self.acquire, session_id)
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            def count_out(done: asyncio.Future[H]) -> None:
+                if not done.cancelled() and done.exception() is None:
+                    self.done(session_id, done.result())
+            future.add_done_callback(count_out)
+            raise
+
+    def done(self, session_id: str, held: H) -> None:
+        """A run of the session ended; idle from now on once no other is active."""
+        with self._lock:
+            entry = self._entries.get(session_id)
+            if entry is not None and entry.held is held and entry.active > 0:
+                entry.active -= 1
+                entry.used = time.monotonic()
+                self._entries.move_to_end(session_id)
+
+    def _use(self, session_id: str, runs: int) -> H:
+        self.sweep()
+        mine: _Entry[H] | None = None
+        try:
+            while True:
+                with self._lock:
+                    if self._closed:
+                        raise walj.ClosedError("this integration was closed")
+                    entry = self._entries.get(session_id)
+                    if (entry is not None and entry.held is not None
+                            and entry.held.journal.closed):
+                        del self._entries[session_id]  # it closed itself: opened again below
+                        entry = None
+                    if entry is not None and entry.held is not None:
+                        entry.active += runs
+                        entry.used = time.monotonic()
+                        self._entries.move_to_end(session_id)
+                        return entry.held
+                    if entry is None:
+                        mine = self._entries[session_id] = _Entry()
+                        break
+                    waiting = entry.ready
+                waiting.wait()  # another thread opens it: use what it opened, or try again
+            held = self._open(session_id, mine, runs)
+        except BaseException:
+            if mine is not None:
+                self._abandon(session_id, mine)
+            raise
+        self._evict()
+        return held
+
+    def _open(self, session_id: str, entry: _Entry[H], runs: int) -> H:
+        """Open the session registered (unopened) as `entry`, and make it usable. Whatever
+        interrupts this, the entry ends either ready and open or unregistered and closed."""
+        journal: walj.ToolJournal | None = None
+        try:
+            journal = self._open_journal(session_id)
+            held = self._make(journal)
+            with self._lock:
+                entry.held = held
+                entry.active += runs
+                entry.used = time.monotonic()
+                self._entries.move_to_end(session_id)
+            entry.ready.set()
+            return held
+        except BaseException:
+            with self._lock:
+                registered = entry.held is not None
+            if not registered and journal is not None:
+                _close_quietly(journal)
+            raise
+
+    def _abandon(self, session_id: str, entry: _Entry[H]) -> None:
+        """An open that did not finish: forget its entry (unless it got registered), and wake
+        whoever waits for it. Idempotent."""
+        with self._lock:
+            if entry.held is None and self._entries.get(session_id) is entry:
+                del self._entries[session_id]
+        entry.ready.set()
+
+    def _open_journal(self, session_id: str) -> walj.ToolJournal:
+        """Open the session's journal; when another process holds it, wait for its lock up to
+        `lock_timeout` seconds. (A request that the holder release an idle journal belongs just
+        before the wait.)"""
+        try:
+            return walj.ToolJournal.open_session(self._root, session_id, **self._options)
+        except walj.LockedError:
+            if self.lock_timeout == 0:
+                raise
+        return walj.ToolJournal.open_session(self._root, session_id, lock_timeout=self.lock_timeout,
+                                             **self._options)
+
+    def _evict(self) -> None:
+        """Close idle sessions, least recently used first, until at most `max_open` are open."""
+        with self._lock:
+            extra = sum(1 for e in self._entries.values() if e.held is not None) - self.max_open
+            evicted: list[H] = []
+            for key, entry in list(self._entries.items()):
+                if len(evicted) >= extra:
+                    break
+                if entry.held is not None and entry.active == 0:
+                    del self._entries[key]
+                    evicted.append(entry.held)
+        _close_all(evicted)
+
+    # --- closing --------------------------------------------------------------------------------
+
+    def sweep(self) -> None:
+        """Close the sessions idle for `idle_timeout` seconds or more."""
+        if self.idle_timeout is None:
+            return
+        due: list[H] = []
+        with self._lock:
+            deadline = time.monotonic() - self.idle_timeout
+            for key, entry in list(self._entries.items()):
+                if entry.used > deadline:
+                    break  # least recently used first: the rest were used later
+                if entry.held is not None and entry.active == 0:
+                    del self._entries[key]
+                    due.append(entry.held)
+        _close_all(due)
+
+    def _take(self, session_id: str, what: str) -> H | None:
+        """Take the session's open value out of the registry, or refuse while a run is active
+        or it is being opened."""
+        with self._lock:
+            entry = self._entries.get(session_id)
+            if entry is None:
+                return None
+            if entry.held is None or entry.active:
+                raise walj.TurnError(f"cannot {what} session {session_id!r}: a run of it is "
+                                     "active; wait for it to end")
+            del self._entries[session_id]
+            return entry.held
+
+    def release(self, session_id: str) -> None:
+        """Close the session's journal, holding nothing of it open; its next use opens it
+        again. Nothing to do when it is not open."""
+        held = self._take(session_id, "release")
+        if held is not None:
+            _close_all([held])
+
+    def end(self, session_id: str) -> None:
+        """End the session: `session_ended` durably written (`ToolJournal.end`), then closed
+        and forgotten. A session not open is opened (waiting for its lock as a run does) to be
+        ended. Blockers stay; its journal refuses new turns from now on."""
+        held = self._take(session_id, "end")
+        journal = held.journal if held is not None else None
+        try:
+            if journal is None:
+                with self._lock:
+                    if self._closed:
+                        raise walj.ClosedError("this integration was closed")
+                journal = self._open_journal(session_id)
+            journal.end()
+        except BaseException:
+            if journal is not None:
+                _close_quietly(journal)
+            raise
+
+    def close(self) -> None:
+        """Close every journal held (a live turn is left incomplete, as after a crash).
+        Idempotent; the first error is raised once all were tried."""
+        with self._lock:
+            self._closed = True
+            held = [e.held for e in self._entries.values() if e.held is not None]
+            self._entries.clear()
+        _close_all(held)
+
+
+def _close_quietly(journal: walj.ToolJournal) -> None:
+    try:
+        journal.close()
+    except walj.WaljError:
+        pass  # the exception in flight says more
+
+
+def _close_all(items: list[H]) -> None:
+    """Close each, every one even when one fails or is interrupted (a close interrupted midway
+    is finished: `ToolJournal.close` is idempotent); the first error is raised at the end."""
+    first: BaseException | None = None
+    for index, held in enumerate(items):
+        try:
+            held.close()
+        except walj.WaljError as exc:
+            first = first or exc
+            _close_quietly(held.journal)
+        except BaseException:
+            for rest in items[index:]:
+                _close_quietly(rest.journal)
+            raise
+    if first is not None:
+        raise first
+
+
+class _Sweeper:
+    """The one daemon thread of a process that closes idle journals of every registry."""
+
+    _guard = threading.Lock()
+    _registries: weakref.WeakSet[SessionJournals[Any]] = weakref.WeakSet()
+    _thread: threading.Thread | None = None
+    _pid = 0
+
+    @classmethod
+    def watch(cls, registry: SessionJournals[Any]) -> None:
+        with cls._guard:
+            cls._registries.add(registry)
+            if cls._thread is None or cls._pid != os.getpid() or not cls._thread.is_alive():
+                cls._pid = os.getpid()
+                cls._thread = threading.Thread(target=cls._run, name="walj-idle-journals",
+                                               daemon=True)
+                cls._thread.start()
+
+    @classmethod
+    def _run(cls) -> None:
+        while True:
+            with cls._guard:
+                registries = list(cls._registries)
+            timeouts = [r.idle_timeout for r in registries if r.idle_timeout is not None]
+            # Often enough that a journal is closed within about a quarter of its timeout.
+            time.sleep(min([60.0, *(t / 4 for t in timeouts)]) if timeouts else 60.0)
+            for registry in registries:
+                try:
+                    registry.sweep()
+                except Exception:  # noqa: S112 - a close that failed is retried by nobody;
+                    continue  # the registry forgot it, and its next use opens it afresh
+            del registries
