@@ -335,7 +335,8 @@ def test_defer_lets_a_person_answer_and_replay_uses_the_answer(tmp_path: Path) -
         assert isinstance(requests, DeferredToolRequests)
         [deferred] = requests.calls
         assert deferred.tool_call_id == pc.CALL_ID
-        assert requests.metadata[pc.CALL_ID][METADATA_KEY]["message"].startswith("The tool 'send_refund' was not run")
+        message = requests.metadata[pc.CALL_ID][METADATA_KEY]["message"]
+        assert message.startswith("The tool 'send_refund' was not run")
 
         answer = answer_blocked(requests, outcome="succeeded", actor="ann",
                                 note="the bank shows the refund", output="refund 7 confirmed")

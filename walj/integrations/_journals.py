@@ -54,6 +54,18 @@ class Held(Protocol):
 H = TypeVar("H", bound=Held)
 
 
+class JournalOnly:
+    """What an integration with no per-session state of its own keeps: the journal."""
+
+    __slots__ = ("journal",)
+
+    def __init__(self, journal: walj.ToolJournal) -> None:
+        self.journal = journal
+
+    def close(self) -> None:
+        self.journal.close()
+
+
 class _Entry(Generic[H]):
     __slots__ = ("active", "held", "ready", "used")
 
@@ -320,6 +332,7 @@ class _Sweeper:
 
     _guard = threading.Lock()
     _registries: weakref.WeakSet[SessionJournals[Any]] = weakref.WeakSet()
+    _wake = threading.Event()  # a new registry: its timeout may be shorter than the wait
     _thread: threading.Thread | None = None
     _pid = 0
 
@@ -327,6 +340,7 @@ class _Sweeper:
     def watch(cls, registry: SessionJournals[Any]) -> None:
         with cls._guard:
             cls._registries.add(registry)
+            cls._wake.set()
             if cls._thread is None or cls._pid != os.getpid() or not cls._thread.is_alive():
                 cls._pid = os.getpid()
                 cls._thread = threading.Thread(target=cls._run, name="walj-idle-journals",
@@ -338,9 +352,10 @@ class _Sweeper:
         while True:
             with cls._guard:
                 registries = list(cls._registries)
+                cls._wake.clear()
             timeouts = [r.idle_timeout for r in registries if r.idle_timeout is not None]
             # Often enough that a journal is closed within about a quarter of its timeout.
-            time.sleep(min([60.0, *(t / 4 for t in timeouts)]) if timeouts else 60.0)
+            cls._wake.wait(min([60.0, *(t / 4 for t in timeouts)]))
             for registry in registries:
                 try:
                     registry.sweep()
