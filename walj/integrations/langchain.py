@@ -53,6 +53,7 @@ from ._langchain_answers import (
     call_of,
     sync_tool,
 )
+from ._langchain_ask import BLOCKED_KIND, checkpointed, payload, payload_before, resolve
 from ._require import require
 from ._shared import BlockedMessage, blocked_answer, check_blocked_message
 
@@ -69,8 +70,6 @@ else:
     _Base = _middleware_types.AgentMiddleware
 
 OnBlocked = Literal["message", "interrupt"]
-BLOCKED_KIND = "walj_blocked"
-"""`payload["kind"]` of the interrupt a blocked call raises with `on_blocked="interrupt"`."""
 
 
 def thread_id_of(request: ToolCallRequest) -> str:
@@ -272,7 +271,7 @@ class WaljMiddleware(_Base):
                                      handler=sync_tool(request, handler, box))
                 if not self._asks(request, done, box):
                     return self._answered(session, turn, call_id, done, box, request)
-                problem = self._ask(session.journal, _payload(done, session.journal), problem)
+                problem = self._ask(session.journal, payload(done, session.journal), problem)
         finally:
             self._journals.done(thread, session)
 
@@ -295,7 +294,7 @@ class WaljMiddleware(_Base):
                     return await asyncio.to_thread(self._answered, session, turn, call_id, done,
                                                    box, request)
                 problem = await asyncio.to_thread(self._ask, session.journal,
-                                                  _payload(done, session.journal), problem)
+                                                  payload(done, session.journal), problem)
         finally:
             self._journals.done(thread, session)
 
@@ -304,20 +303,20 @@ class WaljMiddleware(_Base):
         """In interrupt mode, while the journal blocks: ask a person before dispatching, so a
         resumed task reads the answer and writes its resolutions first, then dispatches the
         call once. (A first pause writes nothing; the interrupt says what blocks.)"""
-        if not (self._on_blocked == "interrupt" and _checkpointed(request)):
+        if not (self._on_blocked == "interrupt" and checkpointed(request)):
             return None
         session.adopt_new(request, call_id)
         problem: str | None = None
         while session.journal.recovery.blockers:
-            payload = _payload_before(session.journal, name, call_id)
-            problem = self._ask(session.journal, payload, problem)
+            asked = payload_before(session.journal, name, call_id)
+            problem = self._ask(session.journal, asked, problem)
         return problem
 
     def _asks(self, request: ToolCallRequest, done: walj.ToolResult, box: Box) -> bool:
         """True when a person is asked: the journal blocked the call (nothing ran), and the
         graph can pause and resume (it has a checkpointer)."""
         return (self._on_blocked == "interrupt" and done.outcome == "blocked"
-                and box.raised is None and box.result is None and _checkpointed(request))
+                and box.raised is None and box.result is None and checkpointed(request))
 
     def _answered(self, session: _Session, turn: _Turn, call_id: str, done: walj.ToolResult,
                   box: Box, request: ToolCallRequest) -> Result:
@@ -345,68 +344,6 @@ class WaljMiddleware(_Base):
         except (walj.ResolutionError, ValueError, TypeError) as exc:
             return f"{type(exc).__name__}: {exc}"
         return None
-
-
-_ANSWER_SHAPE = {"execution_id": "...", "outcome": "succeeded|failed|not_performed",
-                 "actor": "...", "note": "...", "output": "optional"}
-
-
-def _payload(done: walj.ToolResult, journal: walj.ToolJournal) -> dict[str, Any]:
-    """The interrupt's payload for a call the journal blocked."""
-    output = done.output if isinstance(done.output, Mapping) else {}
-    return _payload_of(journal, done.name, done.call_id,
-                       list(output.get("ambiguous_executions") or []))
-
-
-def _payload_before(journal: walj.ToolJournal, name: str, call_id: str) -> dict[str, Any]:
-    """The interrupt's payload for a call not dispatched yet, while the journal blocks."""
-    return _payload_of(journal, name, call_id, [
-        {"execution_id": b.execution_id, "tool": b.tool, "call_id": b.call_id,
-         "state": b.state, "turn_sequence": b.turn_sequence}
-        for b in journal.recovery.blockers])
-
-
-def _payload_of(journal: walj.ToolJournal, name: str, call_id: str,
-                listed: list[Any]) -> dict[str, Any]:
-    # For the person who answers (the model never sees it): what to do.
-    message = (f"walj paused tool {name!r} (call {call_id!r}) without running it: "
-               f"{len(listed)} earlier execution(s) or turn(s) of this thread were interrupted "
-               "and may or may not have taken effect. Resume with Command(resume=answer), one "
-               "answer (or a list) resolving each; see 'answer'.")
-    return {"kind": BLOCKED_KIND, "tool": name, "call_id": call_id, "message": message,
-            "journal": str(journal.path), "ambiguous_executions": listed,
-            "answer": dict(_ANSWER_SHAPE)}
-
-
-def _checkpointed(request: ToolCallRequest) -> bool:
-    """Whether the graph runs with a checkpointer: LangGraph puts it in the run's configurable
-    under this key. Without one an interrupt could never be resumed, so the blocked call is
-    answered with the error ToolMessage instead (and if the key ever moves, that is what
-    happens: nothing pauses a graph that cannot resume)."""
-    config = getattr(getattr(request, "runtime", None), "config", None)
-    configurable = config.get("configurable") if isinstance(config, Mapping) else None
-    return isinstance(configurable, Mapping) and configurable.get(
-        "__pregel_checkpointer") is not None
-
-
-def resolve(journal: walj.ToolJournal, answer: Any) -> None:
-    """Write the resolutions a person's `Command(resume=answer)` carries (see the module's
-    documentation). A resolution already written (the task ran again) is skipped."""
-    answers = answer if isinstance(answer, list) else [answer]
-    if not answers or not all(isinstance(a, Mapping) for a in answers):
-        raise TypeError("a walj answer is a dict (or a list of dicts) with execution_id, "
-                        "outcome and actor, or turn_sequence and actor")
-    for item in answers:
-        actor, note = item.get("actor"), item.get("note")
-        try:
-            if "turn_sequence" in item:
-                journal.resolve_turn(item["turn_sequence"], note=note, actor=actor)
-            else:
-                journal.resolve(item.get("execution_id"), item.get("outcome"), note=note,
-                                actor=actor, output=item.get("output"))
-        except walj.ResolutionError as exc:
-            if exc.reason not in ("already_resolved", "already_terminal"):
-                raise
 
 
 __all__ = ["BLOCKED_KIND", "RESUMED_STEP_ACTOR", "OnBlocked", "ToolMessageError",
