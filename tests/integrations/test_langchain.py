@@ -520,6 +520,11 @@ def test_sigkill_inside_a_tool_asks_a_person_and_their_answer_finishes_the_run(
     assert done["interrupts"] == [] and done["messages"][-1][1] == "Refunded order 42."
     assert done["messages"][-2] == ["tool", "refunded 30 on order 42", "success", lf.REFUND_ID]
     assert fx.effect_lines(first / "effects.txt") == ["refund 42 30"]
+    # Asked before it was dispatched, and dispatched once, after the answer: replayed.
+    data = records(walj.ToolJournal.session_path(first / "sessions", THREAD))
+    assert BLOCKED not in [r["kind"] for r in data]
+    assert [r["call_id"] for r in data if r["kind"] == "tool_execution_replayed"] == [
+        lf.REFUND_ID]
 
     # Or with `walj resolve` (the CLI), then resuming the graph: replay answers the call.
     path = walj.ToolJournal.session_path(second / "sessions", THREAD)

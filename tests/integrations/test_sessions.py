@@ -5,6 +5,8 @@ turns on one thread, one SIGKILLed inside a tool."""
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import os
 import selectors
@@ -26,6 +28,7 @@ from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode
 
 import walj
+from walj.integrations import _journals as _journals_module
 from walj.integrations._journals import JournalOnly, SessionJournals
 from walj.integrations.langchain import WaljMiddleware
 
@@ -338,3 +341,133 @@ def test_two_workers_take_turns_on_a_thread_and_a_kill_mid_tool_blocks_the_other
     with walj.ToolJournal.open_session(root, THREAD) as journal:
         [doubt] = journal.recovery.blockers
         assert (doubt.call_id, doubt.state) == ("call_4", "started")
+
+
+def test_threads_asking_for_one_session_at_once_share_one_open_journal(tmp_path: Path) -> None:
+    before = open_fds()
+    journals = SessionJournals(tmp_path, JournalOnly, options={}, idle_timeout=None)
+    start = threading.Barrier(8, timeout=30)
+    got: list[JournalOnly] = []
+
+    def use() -> None:
+        start.wait()
+        held = journals.acquire(THREAD)
+        got.append(held)
+        journals.done(THREAD, held)
+
+    workers = [threading.Thread(target=use) for _ in range(8)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(30)
+    assert len(got) == 8 and len({id(h) for h in got}) == 1
+    assert journals.open_ids() == [THREAD]
+    journals.release(THREAD)
+    assert got[0].journal.closed and open_fds() - before == set()
+
+
+def test_a_run_cancelled_while_its_journal_opens_leaves_it_idle_not_held(tmp_path: Path) -> None:
+    journals = SessionJournals(tmp_path, JournalOnly, options={}, idle_timeout=None)
+    opening, go_on = threading.Event(), threading.Event()
+    real = walj.ToolJournal.open_session
+
+    def slow_open(*args: Any, **options: Any) -> walj.ToolJournal:
+        opening.set()
+        assert go_on.wait(30)
+        return real(*args, **options)
+
+    async def cancelled() -> None:
+        task = asyncio.ensure_future(journals.aacquire(THREAD))
+        while not opening.is_set():
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        go_on.set()
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(walj.ToolJournal, "open_session", slow_open)
+        asyncio.run(cancelled())
+    assert wait_until(lambda: journals.open_ids() == [THREAD])
+    journals.release(THREAD)  # idle: a TurnError here would mean the run was never counted out
+    assert journals.open_ids() == []
+
+
+def _interrupted_at(n: int, operation: Callable[[], Any]) -> int | None:
+    """Run `operation` in a thread traced on the lines of walj/integrations/_journals.py, and
+    raise KeyboardInterrupt before its n-th line there; the line it landed on, or None when the
+    operation has fewer lines. A `with` block's normal exit is reported as a line before its
+    `__exit__` runs, where no real interrupt lands (CPython delivers one after the call
+    returns): an interrupt due there goes to the next line."""
+    source = Path(JOURNALS_FILE).read_text(encoding="utf-8").splitlines()
+    count, landed = [0], [None]
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code.co_filename != JOURNALS_FILE:
+            return None
+        seen: set[int] = set()
+
+        def local(frame: Any, event: str, arg: Any) -> Any:
+            if event == "line":
+                count[0] += 1
+                line = frame.f_lineno
+                exiting = line in seen and source[line - 1].strip().startswith("with ")
+                seen.add(line)
+                if count[0] >= n and not exiting:
+                    landed[0] = line
+                    sys.settrace(None)
+                    raise KeyboardInterrupt
+            return local
+        return local
+
+    def run() -> None:
+        sys.settrace(tracer)
+        try:
+            operation()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            sys.settrace(None)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    worker.join(10)
+    assert not worker.is_alive(), f"deadlocked, interrupted at line {landed[0]}"
+    return landed[0]
+
+
+JOURNALS_FILE = _journals_module.__file__
+
+
+@pytest.mark.parametrize("operation", ["acquire", "release", "end", "evict", "close"])
+def test_an_interrupt_at_any_line_of_opening_or_closing_leaves_each_journal_whole(
+    tmp_path: Path, operation: str
+) -> None:
+    landed: set[int] = set()
+    for n in range(1, 500):
+        root = tmp_path / str(n)
+        before = open_fds()
+        journals = SessionJournals(root, JournalOnly, options={}, idle_timeout=None,
+                                   max_open=1)
+        if operation != "acquire":
+            journals.get(THREAD)
+        act = {"acquire": functools.partial(journals.acquire, THREAD),
+               "release": functools.partial(journals.release, THREAD),
+               "end": functools.partial(journals.end, THREAD),
+               "evict": functools.partial(journals.get, "other"),
+               "close": journals.close}[operation]
+        line = _interrupted_at(n, act)
+        if line is None:
+            break
+        landed.add(line)
+        # Each session is open and registered, or closed and forgotten: closing the rest
+        # leaves no descriptor, and the session opens again.
+        for session in journals.open_ids():
+            held = journals._entries[session].held
+            assert held is not None and not held.journal.closed, line
+        journals.close()
+        assert open_fds() - before == set(), f"a descriptor leaked at line {line}"
+        again = SessionJournals(root, JournalOnly, options={}, idle_timeout=None)
+        assert not again.get(THREAD).journal.closed
+        again.close()
+    assert len(landed) >= 5, landed

@@ -67,13 +67,17 @@ class JournalOnly:
 
 
 class _Entry(Generic[H]):
-    __slots__ = ("active", "held", "ready", "used")
+    __slots__ = ("active", "closing", "gone", "held", "ready", "used")
 
     def __init__(self) -> None:
         self.held: H | None = None  # None while it is being opened
         self.ready = threading.Event()  # set once opened, or once the open failed
         self.active = 0  # runs of this session under way
         self.used = time.monotonic()
+        # The token of the close under way: the entry stays registered until its journal is
+        # closed, so a close cut short by an interrupt is finished by whoever holds the token.
+        self.closing: object | None = None
+        self.gone = threading.Event()  # set once closed and forgotten
 
 
 def check_limits(idle_timeout: float | None, max_open: int, lock_timeout: float) -> None:
@@ -165,15 +169,18 @@ class SessionJournals(Generic[H]):
                             and entry.held.journal.closed):
                         del self._entries[session_id]  # it closed itself: opened again below
                         entry = None
-                    if entry is not None and entry.held is not None:
+                    if entry is not None and entry.closing is not None:
+                        waiting = entry.gone  # being closed: opened again once it is
+                    elif entry is not None and entry.held is not None:
                         entry.active += runs
                         entry.used = time.monotonic()
                         self._entries.move_to_end(session_id)
                         return entry.held
-                    if entry is None:
+                    elif entry is None:
                         mine = self._entries[session_id] = _Entry()
                         break
-                    waiting = entry.ready
+                    else:
+                        waiting = entry.ready
                 waiting.wait()  # another thread opens it: use what it opened, or try again
             held = self._open(session_id, mine, runs)
         except BaseException:
@@ -191,6 +198,8 @@ class SessionJournals(Generic[H]):
             journal = self._open_journal(session_id)
             held = self._make(journal)
             with self._lock:
+                if self._closed:
+                    raise walj.ClosedError("this integration was closed")
                 entry.held = held
                 entry.active += runs
                 entry.used = time.monotonic()
@@ -226,16 +235,11 @@ class SessionJournals(Generic[H]):
 
     def _evict(self) -> None:
         """Close idle sessions, least recently used first, until at most `max_open` are open."""
-        with self._lock:
-            extra = sum(1 for e in self._entries.values() if e.held is not None) - self.max_open
-            evicted: list[H] = []
-            for key, entry in list(self._entries.items()):
-                if len(evicted) >= extra:
-                    break
-                if entry.held is not None and entry.active == 0:
-                    del self._entries[key]
-                    evicted.append(entry.held)
-        _close_all(evicted)
+        def pick(entries: list[tuple[str, _Entry[H]]]) -> list[_Entry[H]]:
+            extra = sum(1 for _, e in entries if e.held is not None and e.closing is None)
+            idle = [e for _, e in entries if _idle(e)]
+            return idle[:max(0, extra - self.max_open)]
+        self._close_picked(pick)
 
     # --- closing --------------------------------------------------------------------------------
 
@@ -243,49 +247,89 @@ class SessionJournals(Generic[H]):
         """Close the sessions idle for `idle_timeout` seconds or more."""
         if self.idle_timeout is None:
             return
-        due: list[H] = []
-        with self._lock:
-            deadline = time.monotonic() - self.idle_timeout
-            for key, entry in list(self._entries.items()):
+        timeout = self.idle_timeout
+
+        def pick(entries: list[tuple[str, _Entry[H]]]) -> list[_Entry[H]]:
+            deadline = time.monotonic() - timeout
+            due = []
+            for _key, entry in entries:
                 if entry.used > deadline:
                     break  # least recently used first: the rest were used later
-                if entry.held is not None and entry.active == 0:
-                    del self._entries[key]
-                    due.append(entry.held)
-        _close_all(due)
+                if _idle(entry):
+                    due.append(entry)
+            return due
+        self._close_picked(pick)
 
-    def _take(self, session_id: str, what: str) -> H | None:
-        """Take the session's open value out of the registry, or refuse while a run is active
-        or it is being opened."""
+    def _close_picked(self, pick: Callable[[list[tuple[str, _Entry[H]]]], list[_Entry[H]]],
+                      ) -> None:
+        """Mark the entries `pick` chooses (under the lock) as closing, close them, then forget
+        them. Interrupted anywhere, what this call marked is closed and forgotten before the
+        interrupt goes on."""
+        token = object()
+        try:
+            with self._lock:
+                for entry in pick(list(self._entries.items())):
+                    entry.closing = token
+            self._finish(token)
+        except BaseException:
+            self._finish(token, quiet=True)
+            raise
+
+    def _finish(self, token: object, quiet: bool = False) -> None:
+        """Close each entry marked with `token` (closing twice is harmless), then forget it;
+        the first error is raised once all were tried."""
         with self._lock:
-            entry = self._entries.get(session_id)
-            if entry is None:
-                return None
+            marked = [(k, e) for k, e in self._entries.items() if e.closing is token]
+        first: BaseException | None = None
+        for key, entry in marked:
+            assert entry.held is not None
+            try:
+                entry.held.close()
+            except walj.WaljError as exc:
+                first = first or exc
+                _close_quietly(entry.held.journal)
+            except BaseException:
+                if quiet:
+                    _close_quietly(entry.held.journal)
+                else:
+                    raise
+            with self._lock:
+                if self._entries.get(key) is entry:
+                    del self._entries[key]
+            entry.gone.set()
+        if first is not None and not quiet:
+            raise first
+
+    def _refuse_active(self, session_id: str, what: str) -> Callable[
+            [list[tuple[str, _Entry[H]]]], list[_Entry[H]]]:
+        """A pick of the session's entry to close, refusing while a run of it is active or it
+        is being opened."""
+        def pick(entries: list[tuple[str, _Entry[H]]]) -> list[_Entry[H]]:
+            entry = dict(entries).get(session_id)
+            if entry is None or entry.closing is not None:
+                return []
             if entry.held is None or entry.active:
                 raise walj.TurnError(f"cannot {what} session {session_id!r}: a run of it is "
                                      "active; wait for it to end")
-            del self._entries[session_id]
-            return entry.held
+            return [entry]
+        return pick
 
     def release(self, session_id: str) -> None:
         """Close the session's journal, holding nothing of it open; its next use opens it
         again. Nothing to do when it is not open."""
-        held = self._take(session_id, "release")
-        if held is not None:
-            _close_all([held])
+        self._close_picked(self._refuse_active(session_id, "release"))
 
     def end(self, session_id: str) -> None:
         """End the session: `session_ended` durably written (`ToolJournal.end`), then closed
         and forgotten. A session not open is opened (waiting for its lock as a run does) to be
         ended. Blockers stay; its journal refuses new turns from now on."""
-        held = self._take(session_id, "end")
-        journal = held.journal if held is not None else None
+        self._close_picked(self._refuse_active(session_id, "end"))
+        with self._lock:
+            if self._closed:
+                raise walj.ClosedError("this integration was closed")
+        journal: walj.ToolJournal | None = None
         try:
-            if journal is None:
-                with self._lock:
-                    if self._closed:
-                        raise walj.ClosedError("this integration was closed")
-                journal = self._open_journal(session_id)
+            journal = self._open_journal(session_id)
             journal.end()
         except BaseException:
             if journal is not None:
@@ -297,9 +341,14 @@ class SessionJournals(Generic[H]):
         Idempotent; the first error is raised once all were tried."""
         with self._lock:
             self._closed = True
-            held = [e.held for e in self._entries.values() if e.held is not None]
-            self._entries.clear()
-        _close_all(held)
+
+        def pick(entries: list[tuple[str, _Entry[H]]]) -> list[_Entry[H]]:
+            return [e for _, e in entries if e.held is not None and e.closing is None]
+        self._close_picked(pick)
+
+
+def _idle(entry: _Entry[Any]) -> bool:
+    return entry.held is not None and entry.active == 0 and entry.closing is None
 
 
 def _close_quietly(journal: walj.ToolJournal) -> None:
@@ -307,24 +356,6 @@ def _close_quietly(journal: walj.ToolJournal) -> None:
         journal.close()
     except walj.WaljError:
         pass  # the exception in flight says more
-
-
-def _close_all(items: list[H]) -> None:
-    """Close each, every one even when one fails or is interrupted (a close interrupted midway
-    is finished: `ToolJournal.close` is idempotent); the first error is raised at the end."""
-    first: BaseException | None = None
-    for index, held in enumerate(items):
-        try:
-            held.close()
-        except walj.WaljError as exc:
-            first = first or exc
-            _close_quietly(held.journal)
-        except BaseException:
-            for rest in items[index:]:
-                _close_quietly(rest.journal)
-            raise
-    if first is not None:
-        raise first
 
 
 class _Sweeper:
