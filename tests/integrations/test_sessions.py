@@ -103,6 +103,8 @@ def test_ending_a_thread_writes_session_ended_and_sweep_shows_it_ended(tmp_path:
         with pytest.raises(walj.SessionEndedError):
             graph.invoke(asks("call_2", "lookup", order=2), CONFIG)
         walj_mw.end(THREAD)  # idempotent, even opened afresh
+        walj_mw.end("never seen")  # no journal: none is made to be ended
+        assert len(sweep(root)["sessions"]) == 2
     journal = walj.ToolJournal.open_session(root, THREAD)
     with journal:
         assert journal.ended and not journal.recovery.blocked

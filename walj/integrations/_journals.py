@@ -321,12 +321,15 @@ class SessionJournals(Generic[H]):
 
     def end(self, session_id: str) -> None:
         """End the session: `session_ended` durably written (`ToolJournal.end`), then closed
-        and forgotten. A session not open is opened (waiting for its lock as a run does) to be
-        ended. Blockers stay; its journal refuses new turns from now on."""
+        and forgotten. Its journal is opened afresh for it (waiting for its lock as a run
+        does); a session that has no journal yet is left as it is. Blockers stay; its journal
+        refuses new turns from now on."""
         self._close_picked(self._refuse_active(session_id, "end"))
         with self._lock:
             if self._closed:
                 raise walj.ClosedError("this integration was closed")
+        if not walj.ToolJournal.session_path(self._root, session_id).exists():
+            return  # nothing was ever journaled: nothing to end
         journal: walj.ToolJournal | None = None
         try:
             journal = self._open_journal(session_id)

@@ -233,8 +233,9 @@ class WaljMiddleware(_Base):
 
     def end(self, thread_id: str) -> None:
         """End the thread's session: `session_ended` is durable, then its journal is closed
-        and forgotten (opened for it if needed). Its blockers stay; a later call of the thread
-        is refused (`walj.SessionEndedError`). Refused while a call of it runs."""
+        and forgotten (a thread with no journal yet is left alone). Its blockers stay; a later
+        call of the thread is refused (`walj.SessionEndedError`). Refused while a call of it
+        runs (`walj.TurnError`)."""
         self._journals.end(thread_id)
 
     def release(self, thread_id: str) -> None:

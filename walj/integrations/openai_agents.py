@@ -361,8 +361,9 @@ class WaljSessions:
 
     def end(self, session_id: str) -> None:
         """End the session: `session_ended` is durable, then its journal is closed and
-        forgotten (opened for it if needed). Its blockers stay; a later run of it is refused
-        (`walj.SessionEndedError`). Refused while a run of it is under way (`walj.TurnError`)."""
+        forgotten (one with no journal yet is left alone). Its blockers stay; a later run of
+        it is refused (`walj.SessionEndedError`). Refused while a run of it is under way
+        (`walj.TurnError`)."""
         self._journals.end(session_id)
 
     def release(self, session_id: str) -> None:

@@ -41,12 +41,10 @@ from pydantic_ai.exceptions import (  # noqa: E402
     ToolFailed,
 )
 from pydantic_ai.messages import ModelRequest, ToolCallPart  # noqa: E402
-from pydantic_ai.tools import (  # noqa: E402
-    DeferredToolRequests,
-    DeferredToolResults,
-    ToolDefinition,
-)
+from pydantic_ai.tools import ToolDefinition  # noqa: E402
 from pydantic_core import to_jsonable_python  # noqa: E402
+
+from ._pydantic_ai_answers import ACTOR, ANSWER_OUTCOMES, METADATA_KEY, answer_blocked  # noqa: E402
 
 if TYPE_CHECKING:
     from pydantic_ai.capabilities import (
@@ -55,12 +53,6 @@ if TYPE_CHECKING:
         WrapNodeRunHandler,
         WrapToolExecuteHandler,
     )
-
-METADATA_KEY = "walj"
-"""The key of walj's entry in a deferred call's metadata (`DeferredToolRequests.metadata[id]`),
-and of the person's answer in `DeferredToolResults.metadata[id]`."""
-ACTOR = "walj.integrations.pydantic_ai"
-ANSWER_OUTCOMES = ("succeeded", "failed", "not_performed")
 
 OnBlocked = Literal["fail", "defer"]
 
@@ -187,16 +179,16 @@ class WaljCapability(AbstractCapability[Any]):
         needed: for inspecting or resolving what blocks it. Once idle it may be closed; the
         next call of the conversation opens it again."""
         if self._journals is None:
-            return self._use(conversation_id).journal
+            return self._use().journal
         return self._journals.get(self._key(conversation_id)).journal
 
     def end(self, conversation_id: str) -> None:
         """End the conversation's session: `session_ended` is durable, then its journal is
-        closed and forgotten (opened for it if needed). Its blockers stay; a later run of the
-        conversation is refused (`walj.SessionEndedError`). Refused while a run of it is in a
-        step (`walj.TurnError`). Built with a journal: ends that journal."""
+        closed and forgotten (one with no journal yet is left alone). Its blockers stay; a
+        later run of it is refused (`walj.SessionEndedError`). Refused while a run of it is in
+        a step (`walj.TurnError`). Built with a journal: ends that journal."""
         if self._journals is None:
-            self._use(conversation_id).journal.end()
+            self._use().journal.end()
         else:
             self._journals.end(self._key(conversation_id))
 
@@ -214,16 +206,15 @@ class WaljCapability(AbstractCapability[Any]):
             raise ValueError("the run has no conversation_id; walj keys a journal by it")
         return conversation_id
 
-    def _use(self, conversation_id: str | None) -> _Session:
-        """The given journal's session (no opening, no counting)."""
-        if self._closed:
+    def _use(self) -> _Session:
+        """The given journal's session (nothing opened, no run counted)."""
+        if self._closed or self._given is None:
             raise walj.ClosedError("this WaljCapability was closed")
-        assert self._given is not None
         return self._given
 
     async def _acquire(self, conversation_id: str | None) -> _Session:
         if self._journals is None:
-            return self._use(conversation_id)
+            return self._use()
         return await self._journals.aacquire(self._key(conversation_id))
 
     def _done(self, conversation_id: str | None, session: _Session) -> None:
@@ -362,44 +353,6 @@ class WaljCapability(AbstractCapability[Any]):
             elif blocker.get("execution_id") in blocking:
                 journal.resolve(blocker["execution_id"], answer["outcome"], actor=actor,
                                 note=note, output=answer.get("output"))
-
-
-def answer_blocked(requests: DeferredToolRequests, *, outcome: str, actor: str,
-                   note: str | None = None, output: Any = None,
-                   call_ids: list[str] | None = None) -> DeferredToolResults:
-    """A person's answer to the calls walj deferred (`on_blocked="defer"`): pass it as the
-    next run's `deferred_tool_results`, with the same message history.
-
-    Each walj-deferred call in `requests` (or those in `call_ids`) is approved, carrying a
-    resolution of what blocked it: `outcome` "succeeded" (the interrupted call did take effect;
-    `output` is what the model then gets for it), "failed" (a `note` is required) or
-    "not_performed". When the run re-executes the call, the capability writes that resolution
-    (`journal.resolve`, durable, with `actor` and `note`) and dispatches the call again: replay
-    answers the interrupted call from the resolution, and a call that was only blocked by
-    another runs once nothing blocks. A bad outcome, actor or note raises ValueError here,
-    before anything is written."""
-    if outcome not in ANSWER_OUTCOMES:
-        raise ValueError(f"outcome must be one of {', '.join(ANSWER_OUTCOMES)}, not {outcome!r}")
-    if not isinstance(actor, str) or not actor:
-        raise ValueError("actor must be a non-empty string: who answers")
-    if outcome == "failed" and not note:
-        raise ValueError("a 'failed' answer needs a note: what failed")
-    if note is not None and not isinstance(note, str):
-        raise ValueError(f"note must be a string or None, not {type(note).__name__}")
-    approvals: dict[str, Any] = {}
-    metadata: dict[str, dict[str, Any]] = {}
-    for part in requests.calls:
-        deferred = (requests.metadata.get(part.tool_call_id) or {}).get(METADATA_KEY)
-        if not isinstance(deferred, Mapping):
-            continue  # deferred by something other than walj
-        if call_ids is not None and part.tool_call_id not in call_ids:
-            continue
-        approvals[part.tool_call_id] = True
-        metadata[part.tool_call_id] = {METADATA_KEY: {
-            "outcome": outcome, "actor": actor, "note": note, "output": output,
-            "blockers": list(deferred.get("blockers") or []),
-        }}
-    return DeferredToolResults(approvals=approvals, metadata=metadata)
 
 
 __all__ = ["ACTOR", "ANSWER_OUTCOMES", "METADATA_KEY", "WaljCapability", "answer_blocked",
