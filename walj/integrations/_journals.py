@@ -20,7 +20,9 @@ own per-session state, which closes the journal when it closes). Rules:
 
 Opening and closing run outside the registry's lock, so one session that waits for its lock
 holds up no other. A KeyboardInterrupt anywhere leaves each session either registered and
-open or neither: an open interrupted before it registers closes what it opened.
+open or neither: an open interrupted before it registers closes what it opened, and a
+journal being closed stays registered (marked) until it is closed, so an interrupted close is
+finished before the interrupt goes on.
 """
 
 from __future__ import annotations
