@@ -14,6 +14,8 @@ API, so nothing leaves the process and no API key is needed. The story:
    on an interrupt that tells a person what is in doubt.
 3. The person checks refunds.txt and answers with Command(resume=...): the refund went out.
    walj records the resolution, answers the call from it, and the agent finishes. One refund.
+4. The conversation is over: `walj_mw.end(thread_id)` ends its walj session, durably, and
+   closes its journal.
 
 Needs `pip install 'walj[langchain]'`. Linux or macOS (the agent's first life is a fork).
 """
@@ -39,6 +41,7 @@ from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 
+import walj
 from walj.integrations.langchain import WaljMiddleware
 
 CONFIG: Any = {"configurable": {"thread_id": "customer:42"}}
@@ -201,6 +204,13 @@ def main() -> None:
                   f"{refund_message.content!r}")
             print(f"   the agent: {done['messages'][-1].content}")
             print(f"   blocked: {walj_mw.journal('customer:42').is_blocked()}")
+
+            print("4. The conversation is over: its walj session is ended and its journal closed")
+            walj_mw.end("customer:42")
+            ended = walj.ToolJournal.open_session(os.path.join(directory, "walj"), "customer:42")
+            with ended:
+                print(f"   session ended: {ended.ended} (walj sweep shows it 'ended', and "
+                      "walj prune retires it once old enough)")
         print(f"   refunds sent: {refunds_sent(directory)}")
         print("the agent finished")
 

@@ -145,7 +145,7 @@ def test_an_interrupted_call_blocks_the_next_one_which_is_answered_as_an_error(
         [result] = handle_tool_uses([fx.tool_use("t2", "next", {})], {"next": follow}, journal)
         assert follow.calls == []
         assert result["tool_use_id"] == "t2" and result["is_error"] is True
-        assert "Nothing was run" in result["content"] and "'next'" in result["content"]
+        assert "was not run" in result["content"] and "'next'" in result["content"]
         journal.resolve(blocker.execution_id, "not_performed", actor="ops", note="no charge")
         [result] = handle_tool_uses([fx.tool_use("t3", "next", {})], {"next": follow}, journal)
         assert result == {"type": "tool_result", "tool_use_id": "t3", "content": "done",
@@ -254,7 +254,7 @@ def test_sigkill_inside_a_tool_blocks_the_resumed_loop_until_it_is_resolved(
                           [{"role": "user", "content": "refund order 42"}], tools, journal)
         [sent] = fx.sent_tool_results(model, 1)
         assert sent["tool_use_id"] == "toolu_again" and sent["is_error"] is True
-        assert "Nothing was run" in sent["content"]
+        assert "was not run" in sent["content"]
         assert refund.calls == [] and fx.effect_lines(effects) == [line]
         assert journal.recovery.blocked
 

@@ -236,8 +236,49 @@ def test_a_blocked_call_is_an_error_tool_message_and_runs_nothing(tmp_path: Path
         [blocked] = tool_messages(graph.invoke(asks(lf.call("call_2", "send", {"to": "ann"})),
                                                CONFIG))
     assert runs == ["lost"]
-    assert blocked.status == "error" and "Nothing was run" in str(blocked.content)
+    assert blocked.status == "error" and "was not run" in str(blocked.content)
     assert blocked.tool_call_id == "call_2"
+
+
+def test_the_blocked_answer_is_written_for_the_model_and_blocked_message_replaces_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    @tool
+    def send(to: str) -> str:
+        """Send an email."""
+        raise walj.ToolOutcomeUnknown("the connection dropped after the request went out")
+
+    seen: list[walj.ToolResult] = []
+
+    def custom(done: walj.ToolResult) -> str:
+        seen.append(done)
+        return f"{done.name} is on hold"
+
+    answers = []
+    for option in (None, "Held for review.", custom):
+        with WaljMiddleware(tmp_path / str(len(answers)), blocked_message=option) as walj_mw:
+            graph = tool_node_graph([send], walj_mw)
+            with pytest.raises(walj.ToolOutcomeUnknown):
+                graph.invoke(asks(lf.call("call_1", "send", {"to": "lost"})), CONFIG)
+            with caplog.at_level("WARNING", logger="walj.integrations"):
+                [blocked] = tool_messages(graph.invoke(asks(lf.call("call_2", "send",
+                                                                    {"to": "ann"})), CONFIG))
+            answers.append(str(blocked.content))
+            assert blocked.status == "error" and blocked.tool_call_id == "call_2"
+    text = answers[0].lower()
+    # What happened, that nothing ran again, who settles it, what the model should do.
+    for said in ("'send' was not run", "interrupted", "not known whether it took effect",
+                 "nothing is run again", "a person", "tell the user", "do not retry"):
+        assert said in text, said
+    for developer_words in ("journal.resolve", "walj resolve", "resolve_turn", "execution"):
+        assert developer_words not in text
+    assert answers[1:] == ["Held for review.", "send is on hold"]
+    assert [(d.call_id, d.outcome) for d in seen] == [("call_2", "blocked")]
+    # The developer's instructions are in the log, naming what is in doubt.
+    logged = [r.getMessage() for r in caplog.records if r.name == "walj.integrations"]
+    assert len(logged) == 3 and all("walj resolve" in m and "'call_1'" in m for m in logged)
+    with pytest.raises(TypeError):
+        WaljMiddleware(tmp_path, blocked_message=7)
 
 
 def test_with_on_blocked_interrupt_a_person_answers_through_command_resume(
@@ -287,7 +328,60 @@ def test_with_on_blocked_interrupt_a_person_answers_through_command_resume(
             graph.invoke(asks(lf.call("call_1", "send", {"to": "lost"})), CONFIG)
         state = graph.invoke(asks(lf.call("call_2", "send", {"to": "bob"})), CONFIG)
     assert "__interrupt__" not in state and runs == ["lost", "ann", "lost"]
-    assert "Nothing was run" in str(tool_messages(state)[-1].content)
+    assert "was not run" in str(tool_messages(state)[-1].content)
+
+
+def timeline(path: Path) -> dict[str, Any]:
+    done = subprocess.run([sys.executable, "-m", "walj", "timeline", str(path), "--json"],
+                          capture_output=True, text=True, env=fx.child_env(), check=False)
+    assert done.returncode in (0, 1), done.stderr
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+def test_interrupt_mode_resume_reads_the_answer_before_dispatching_one_turn_one_row(
+    tmp_path: Path
+) -> None:
+    runs: list[str] = []
+
+    @tool
+    def send(to: str) -> str:
+        """Send an email."""
+        runs.append(to)
+        if to == "lost":
+            raise walj.ToolOutcomeUnknown("the connection dropped after the request went out")
+        return f"sent to {to}"
+
+    with WaljMiddleware(tmp_path, on_blocked="interrupt") as walj_mw:
+        node = ToolNode([send], wrap_tool_call=walj_mw.wrap_tool_call)
+        builder = StateGraph(MessagesState)
+        builder.add_node("tools", node)
+        builder.add_edge(START, "tools")
+        graph = builder.compile(checkpointer=InMemorySaver())
+        with pytest.raises(walj.ToolOutcomeUnknown):
+            graph.invoke(asks(lf.call("call_1", "send", {"to": "lost"})), CONFIG)
+        path = walj_mw.journal(THREAD).path
+        written = len(records(path))
+        paused = graph.invoke(asks(lf.call("call_2", "send", {"to": "ann"})), CONFIG)
+        [asked] = paused["__interrupt__"]
+        assert len(records(path)) == written  # asking wrote nothing, dispatched nothing
+        [doubt] = asked.value["ambiguous_executions"]
+        assert "walj paused tool 'send'" in asked.value["message"]
+        done = graph.invoke(Command(resume={
+            "execution_id": doubt["execution_id"], "outcome": "not_performed", "actor": "ann",
+            "note": "the provider has no such email"}), CONFIG)
+    assert runs == ["lost", "ann"] and tool_messages(done)[-1].content == "sent to ann"
+    drawn = timeline(path)
+    assert not drawn["blocked"]
+    holding = [t for t in drawn["turns"] if any(
+        row["call_id"] == "call_2" for key in ("executions", "refused", "replayed")
+        for row in t[key])]
+    [turn] = holding  # one turn, completed, with one row for the call
+    assert turn["state"] == "completed"
+    assert [(e["call_id"], e["outcome"]) for e in turn["executions"]] == [("call_2", "ok")]
+    assert turn["refused"] == [] and turn["replayed"] == []
+    # The first turn is call_1's, never completed (settled by the resolution of its call).
+    assert [t["state"] for t in drawn["turns"]] == ["incomplete", "completed"]
 
 
 def test_a_resumed_step_resolves_its_interrupted_turn_and_runs_its_other_calls(
@@ -328,7 +422,7 @@ def test_a_resumed_step_resolves_its_interrupted_turn_and_runs_its_other_calls(
         graph = tool_node_graph([lookup], walj_mw)
         state = graph.invoke(asks(lf.call("call_a", "lookup", {"order": 1})), other)
         assert walj_mw.journal("other").recovery.blocked
-    assert runs == [2] and "Nothing was run" in str(tool_messages(state)[0].content)
+    assert runs == [2] and "was not run" in str(tool_messages(state)[0].content)
 
 
 def test_a_call_without_a_thread_or_with_bad_options_is_a_clear_error(tmp_path: Path) -> None:
@@ -426,6 +520,11 @@ def test_sigkill_inside_a_tool_asks_a_person_and_their_answer_finishes_the_run(
     assert done["interrupts"] == [] and done["messages"][-1][1] == "Refunded order 42."
     assert done["messages"][-2] == ["tool", "refunded 30 on order 42", "success", lf.REFUND_ID]
     assert fx.effect_lines(first / "effects.txt") == ["refund 42 30"]
+    # Asked before it was dispatched, and dispatched once, after the answer: replayed.
+    data = records(walj.ToolJournal.session_path(first / "sessions", THREAD))
+    assert BLOCKED not in [r["kind"] for r in data]
+    assert [r["call_id"] for r in data if r["kind"] == "tool_execution_replayed"] == [
+        lf.REFUND_ID]
 
     # Or with `walj resolve` (the CLI), then resuming the graph: replay answers the call.
     path = walj.ToolJournal.session_path(second / "sessions", THREAD)

@@ -239,11 +239,16 @@ def test_a_timeout_is_ambiguous_and_blocks_until_resolved_across_a_reopen(logdir
                 assert journal.is_blocked()
                 blocked = await mcp_client.call_tool("send", {"to": "ann"})
                 assert blocked.is_error
-                assert "walj blocked tool 'send'" in blocked.content[0].text  # type: ignore
+                assert "The tool 'send' was not run" in blocked.content[0].text  # type: ignore
                 assert blocked.meta is not None
                 output = blocked.meta[BLOCKED_META]
                 assert output["status"] == "blocked_interrupted_execution"
                 assert [b["call_id"] for b in output["ambiguous_executions"]] == ["s1"]
+                replaced = await journaled(client, journal, blocked_message=lambda done: (
+                    f"{done.name} waits for a person")).call_tool("send", {"to": "bob"})
+                assert replaced.is_error and replaced.meta is not None
+                assert replaced.content[0].text == "send waits for a person"  # type: ignore
+                assert replaced.meta[BLOCKED_META]["status"] == "blocked_interrupted_execution"
         with walj.ToolJournal.open(logdir) as journal:  # a restart: still blocked
             [blocker] = journal.recovery.blockers
             assert (blocker.tool, blocker.call_id, blocker.state) == ("slow", "s1", "ambiguous")
@@ -258,8 +263,8 @@ def test_a_timeout_is_ambiguous_and_blocks_until_resolved_across_a_reopen(logdir
                 assert not done.is_error and done.content[0].text == "sent to ann"  # type: ignore
 
     run(main)
-    assert [c["tool"] for c in calls] == ["slow", "send"]  # neither blocked call reached it
-    assert len(of_kind(logdir, "tool_execution_blocked")) == 2
+    assert [c["tool"] for c in calls] == ["slow", "send"]  # no blocked call reached it
+    assert len(of_kind(logdir, "tool_execution_blocked")) == 3
     ambiguous = of_kind(logdir, "tool_execution_ambiguous")
     assert [a["error_type"] for a in ambiguous] == ["ToolOutcomeUnknown"]
 
@@ -388,5 +393,5 @@ def test_the_example_runs_offline() -> None:
     done = subprocess.run([sys.executable, str(EXAMPLE)], capture_output=True, text=True,
                           timeout=60, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "blocked: walj blocked tool 'send_email'" in done.stdout
+    assert "blocked: The tool 'send_email' was not run" in done.stdout
     assert "after resolution: sent to carol@example.com" in done.stdout

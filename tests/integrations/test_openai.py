@@ -141,7 +141,7 @@ def test_an_interrupted_call_blocks_the_next_one_whose_output_says_it_was_not_ru
                                       journal)
         assert follow.calls == [] and out["call_id"] == "c2"
         assert out["output"].startswith(BLOCKED_PREFIX)
-        assert "Nothing was run" in out["output"] and "'next'" in out["output"]
+        assert "was not run" in out["output"] and "'next'" in out["output"]
         journal.resolve(blocker.execution_id, "not_performed", actor="ops", note="no charge")
         assert handle_response_calls([fx.function_call("c3", "next", {})], {"next": follow},
                                      journal) == [
@@ -227,7 +227,7 @@ def test_sigkill_inside_a_tool_blocks_the_resumed_loop_until_the_cli_resolves_it
                        [{"role": "user", "content": "refund order 42"}], tools, journal)
         [sent] = fx.sent_call_outputs(model, 1)
         assert sent["call_id"] == "call_again"
-        assert sent["output"].startswith(BLOCKED_PREFIX) and "Nothing was run" in sent["output"]
+        assert sent["output"].startswith(BLOCKED_PREFIX) and "was not run" in sent["output"]
         assert refund.calls == [] and fx.effect_lines(effects) == [line]
     assert kinds(path).count(BLOCKED) == 1
 
@@ -275,7 +275,7 @@ def test_the_example_runs_offline_and_recovers() -> None:
                           capture_output=True, text=True, cwd=fx.ROOT, timeout=60,
                           env=fx.child_env(), check=False)
     assert done.returncode == 0, done.stderr
-    assert "not run: walj blocked tool 'charge_card'" in done.stdout
+    assert "not run: The tool 'charge_card' was not run" in done.stdout
     assert "no blocker left: dispatch resumes" in done.stdout
     assert done.stdout.count("charges in the ledger: 1") == 3
     assert done.stdout.rstrip().endswith("the loop finished")

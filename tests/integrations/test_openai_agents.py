@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import selectors
 import subprocess
 import sys
@@ -31,6 +32,7 @@ from agents.tracing import set_tracing_disabled  # noqa: E402
 from walj.integrations.openai_agents import (  # noqa: E402
     BLOCKED_PREFIX,
     ERROR_PREFIX,
+    WaljSessions,
     journal_tools,
     journaled_run,
 )
@@ -143,8 +145,8 @@ def test_killed_inside_the_tool_blocks_the_replanned_call_until_resolved(tmp_pat
     second = Child(tmp_path)  # the same journal and Session file
     blocked = second.send("append_line", "call-2")  # the model re-plans with a new id
     assert blocked is not None
-    assert blocked["outputs"][0].startswith(BLOCKED_PREFIX + "walj blocked tool 'append_line'")
-    assert "Nothing was run" in blocked["final"]  # the model saw it, and the run went on
+    assert blocked["outputs"][0].startswith(BLOCKED_PREFIX + "The tool 'append_line' was not run")
+    assert "was not run" in blocked["final"]  # the model saw it, and the run went on
     assert ledger(tmp_path) == ["charge 42"]
     # The Session dropped the interrupted call, which had no output: the model never saw call-1.
     assert "call-1" not in json.dumps(blocked["model_inputs"])
@@ -376,3 +378,47 @@ def test_the_sdk_timeout_leaves_the_call_ambiguous(journal: walj.ToolJournal) ->
     (ambiguous,) = of_kind(journal.path, "tool_execution_ambiguous")
     assert ambiguous["error_type"] == "CancelledError"
     assert [b.call_id for b in journal.recovery.blockers] == ["c1"]
+
+
+# --- sessions: one journal per session id, held only while a run is under way -----------------
+
+
+def test_walj_sessions_hold_a_journal_per_run_and_end_and_release_it(tmp_path: Path) -> None:
+    ran: list[str] = []
+
+    @function_tool
+    def send(to: str) -> str:
+        """Send."""
+        ran.append(to)
+        if to == "lost":
+            raise walj.ToolOutcomeUnknown("the connection dropped")
+        return f"sent to {to}"
+
+    before = set(os.listdir("/proc/self/fd"))
+    root = tmp_path / "journals"
+
+    async def run(sessions: WaljSessions, session_id: str, call: Any) -> Any:
+        async with sessions.run(session_id) as journal:
+            tools = journal_tools([send], journal, blocked_message="On hold for a person.")
+            return await Runner.run(Agent(name="a", model=scripted(call), tools=tools), "go")
+
+    with WaljSessions(root, idle_timeout=None) as sessions:
+        done = asyncio.run(run(sessions, "s1", function_call("send", {"to": "ann"},
+                                                              call_id="c1")))
+        assert done.final_output == "sent to ann"
+        journal = sessions.journal("s1")
+        assert not journal.closed and journal.session_id == "s1"
+        sessions.release("s1")
+        assert journal.closed and set(os.listdir("/proc/self/fd")) - before == set()
+        with pytest.raises(UserError):  # the SDK wraps what went out of on_invoke_tool
+            asyncio.run(run(sessions, "s2", function_call("send", {"to": "lost"},
+                                                          call_id="c2")))
+        blocked = asyncio.run(run(sessions, "s2", function_call("send", {"to": "bob"},
+                                                                call_id="c3")))
+        assert blocked.final_output == BLOCKED_PREFIX + "On hold for a person."
+        sessions.end("s1")
+    assert ran == ["ann", "lost"]
+    assert set(os.listdir("/proc/self/fd")) - before == set()
+    assert kinds(walj.ToolJournal.session_path(root, "s1"))[-1] == "session_ended"
+    with walj.ToolJournal.open_session(root, "s1") as ended:
+        assert ended.ended

@@ -96,7 +96,7 @@ def test_a_call_the_journal_blocks_is_an_error_span_and_interrupts_make_ambiguou
     assert blocked.outcome == "blocked" and second.attributes["walj.outcome"] == "blocked"
     assert second.attributes["error.type"] == "blocked" and exception_types(second) == []
     assert second.status.status_code is StatusCode.ERROR
-    assert "Nothing was run" in (second.status.description or "")
+    assert "was not run" in (second.status.description or "")
 
 
 def test_an_unknown_outcome_is_an_ambiguous_error_span_and_the_journal_blocks(

@@ -4,10 +4,12 @@ with explicit tool-call ids, and a child process killed by a real SIGKILL."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -90,7 +92,7 @@ def test_killed_inside_the_tool_blocks_then_resolve_and_replay_finish_the_run(
     # Resumed: Pydantic AI re-executes call_refund; walj blocks it, and the model is told.
     result, calls = resume(root, effects, checkpoint)
     assert calls == [] and effect_lines(effects) == ["refund 7 30"]
-    assert result.output.startswith("failed: walj blocked tool 'send_refund'")
+    assert result.output.startswith("failed: The tool 'send_refund' was not run")
     with walj.ToolJournal.open(session(root)) as journal:
         [blocker] = journal.recovery.blockers
     assert (blocker.state, blocker.call_id) == ("started", pc.CALL_ID)
@@ -335,7 +337,8 @@ def test_defer_lets_a_person_answer_and_replay_uses_the_answer(tmp_path: Path) -
         assert isinstance(requests, DeferredToolRequests)
         [deferred] = requests.calls
         assert deferred.tool_call_id == pc.CALL_ID
-        assert requests.metadata[pc.CALL_ID][METADATA_KEY]["message"].startswith("walj blocked")
+        message = requests.metadata[pc.CALL_ID][METADATA_KEY]["message"]
+        assert message.startswith("The tool 'send_refund' was not run")
 
         answer = answer_blocked(requests, outcome="succeeded", actor="ann",
                                 note="the bank shows the refund", output="refund 7 confirmed")
@@ -447,3 +450,42 @@ def test_bad_arguments_are_refused(tmp_path: Path) -> None:
 
 def test_import_isolation_and_missing_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     check_import_isolation(monkeypatch, "pydantic_ai", extra="pydantic-ai")
+
+
+# --- sessions: ending, releasing, idle journals, the blocked answer ------------------------------
+
+
+def test_a_conversation_is_released_closed_when_idle_ended_and_its_blocked_answer_replaced(
+        tmp_path: Path) -> None:
+    root, effects = tmp_path / "sessions", tmp_path / "effects"
+    before = set(os.listdir("/proc/self/fd"))
+    with WaljCapability(root, idle_timeout=0.2,
+                        blocked_message=lambda done: f"{done.name}: on hold") as capability:
+        agent = pc.refund_agent(capability, effects)
+        first = asyncio.run(agent.run("refund", conversation_id=pc.CONVERSATION))
+        assert first.output == "success: refunded 30 on order 7"
+        journal = capability.journal_for(pc.CONVERSATION)
+        capability.release(pc.CONVERSATION)
+        assert journal.closed and set(os.listdir("/proc/self/fd")) - before == set()
+        # Opened again by the next run's call (replayed: the same call id), then closed idle.
+        again = asyncio.run(agent.run("refund", conversation_id=pc.CONVERSATION))
+        assert again.output == first.output and agent.refund_calls == [7]  # type: ignore
+        reopened = capability.journal_for(pc.CONVERSATION)
+        assert reopened is not journal
+        deadline = time.monotonic() + 10
+        while not reopened.closed and time.monotonic() < deadline:
+            time.sleep(0.02)  # the sweeping thread closes it
+        assert reopened.closed, "the idle journal was never closed"
+        # A call left in doubt: the model gets the replacement text.
+        with walj.ToolJournal.open_session(root, "doubt", store_outputs=True) as other:
+            with pytest.raises(KeyboardInterrupt), other.turn() as turn:
+                turn.dispatch("send_refund", {"order": 7, "amount": 30}, call_id="x",
+                              handler=lambda **_: (_ for _ in ()).throw(KeyboardInterrupt))
+        blocked = asyncio.run(agent.run("refund", conversation_id="doubt"))
+        assert blocked.output == "failed: send_refund: on hold"
+        capability.end(pc.CONVERSATION)
+    done = subprocess.run([sys.executable, "-m", "walj", "sweep", str(root), "--jobs", "1",
+                           "--json"], capture_output=True, text=True, check=False,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    statuses = {Path(s["path"]).name: s["status"] for s in json.loads(done.stdout)["sessions"]}
+    assert statuses == {pc.CONVERSATION: "ended", "doubt": "blocked"}

@@ -1,11 +1,21 @@
-"""What the raw-SDK integrations share: reading SDK objects and dicts alike, and a tool's
-answer as the text a provider's tool result carries."""
+"""What the integrations share: reading SDK objects and dicts alike, a tool's answer as the
+text a provider's tool result carries, and the answer to a blocked call (for the model) beside
+the log line about it (for the developer)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import logging
+from collections.abc import Callable, Mapping
 from typing import Any
+
+import walj
+
+LOGGER = logging.getLogger("walj.integrations")
+
+BlockedMessage = str | Callable[[walj.ToolResult], str] | None
+"""An integration's `blocked_message=` option: the text a blocked call answers the model with
+(a string, or a function of the blocked `walj.ToolResult`), instead of walj's own."""
 
 # The documented `output["status"]` of walj's blocked answer (docs/RECOVERY.md, While blocked).
 BLOCKED_STATUS = "blocked_interrupted_execution"
@@ -40,3 +50,35 @@ def blocked_message(result: Mapping[str, Any]) -> str | None:
             and output.get("status") == BLOCKED_STATUS and isinstance(output.get("message"), str)):
         return str(output["message"])
     return None
+
+
+def check_blocked_message(option: Any) -> BlockedMessage:
+    """The option as it is, or TypeError."""
+    if option is None or isinstance(option, str) or callable(option):
+        return option  # type: ignore[no-any-return]
+    raise TypeError("blocked_message must be a string, a function of the blocked "
+                    f"walj.ToolResult returning one, or None, not {type(option).__name__}")
+
+
+def blocked_answer(done: walj.ToolResult, option: BlockedMessage,
+                   journal: walj.ToolJournal | None = None) -> str:
+    """What the model is told of a call the journal blocked: `option`'s text, else walj's.
+    The developer is told what to do on the "walj.integrations" logger (a warning naming the
+    journal and each execution or turn in doubt)."""
+    output = done.output if isinstance(done.output, Mapping) else {}
+    doubts = [
+        f"turn {b.get('turn_sequence')}" if b.get("state") == "interrupted_turn"
+        else f"execution {b.get('execution_id')} ({b.get('tool')!r}, call {b.get('call_id')!r})"
+        for b in output.get("ambiguous_executions") or [] if isinstance(b, Mapping)]
+    LOGGER.warning(
+        "walj blocked tool %r (call %r) in journal %s: in doubt: %s. Resolve each "
+        "(journal.resolve / journal.resolve_turn, or `walj resolve PATH ID`) once a person knows "
+        "whether it took effect.", done.name, done.call_id,
+        journal.path if journal is not None else "?", "; ".join(doubts) or "unknown")
+    if option is None:
+        return done.error or f"The tool {done.name!r} was not run."
+    text = option if isinstance(option, str) else option(done)
+    if not isinstance(text, str):
+        raise TypeError(f"blocked_message returned a {type(text).__name__}, not a string")
+    return text
+

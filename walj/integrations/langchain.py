@@ -5,8 +5,12 @@
 also plug into `langgraph.prebuilt.ToolNode(wrap_tool_call=..., awrap_tool_call=...)`.
 
 - **Session**: one journal per LangGraph thread (`config["configurable"]["thread_id"]`), opened
-  with `ToolJournal.open_session(root, thread_id, store_outputs=True, ...)`, cached, and closed by
-  `close()` (or leaving `with WaljMiddleware(...) as walj_mw:`).
+  with `ToolJournal.open_session(root, thread_id, store_outputs=True, ...)` when a call of the
+  thread comes, held while a call of it runs, and closed once idle for `idle_timeout` seconds
+  (at most `max_open` open at once; the next call opens it again). `end(thread_id)` ends the
+  thread's session (`session_ended`), `release(thread_id)` closes its journal, `close()` (or
+  leaving `with WaljMiddleware(...) as walj_mw:`) closes them all. A journal another process
+  holds is waited for, up to `lock_timeout` seconds.
 - **Call**: `request.tool_call` gives the call id (`id`), the tool (`name`) and its arguments
   (`args`). walj's handler is the framework's own continuation, `handler(request)`, so the tool
   runs inside walj's dispatch, after its intent is durable.
@@ -18,13 +22,14 @@ also plug into `langgraph.prebuilt.ToolNode(wrap_tool_call=..., awrap_tool_call=
   so a re-dispatch of the same call id (LangGraph re-running a task whose result it did not
   save) is answered with an equal one, and the tool is not run again. An error ToolMessage
   or an exception is recorded as outcome `error`.
-- **Blocked**: by default an error ToolMessage holding walj's message (`on_blocked="message"`);
-  with `on_blocked="interrupt"` (the graph needs a checkpointer) a `langgraph.types.interrupt`
-  whose payload lists what blocks. Resume with `Command(resume=answer)`, where `answer` is one
+- **Blocked**: by default an error ToolMessage holding walj's message for the model, or the
+  `blocked_message` option's (`on_blocked="message"`); with `on_blocked="interrupt"` (the graph
+  needs a checkpointer) a `langgraph.types.interrupt` whose payload lists what blocks, raised
+  before the call is dispatched. Resume with `Command(resume=answer)`, where `answer` is one
   dict, or a list of them: `{"execution_id", "outcome", "actor", "note"?, "output"?}` resolves an
-  execution, `{"turn_sequence", "actor", "note"?}` an interrupted turn. The resumed task writes
-  the resolutions and dispatches the call again, which replay then answers (never running a
-  call resolved `succeeded` or `failed`).
+  execution, `{"turn_sequence", "actor", "note"?}` an interrupted turn. The resumed task reads
+  the answer and writes its resolutions first, then dispatches the call once, which replay
+  answers (never running a call resolved `succeeded` or `failed`).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import walj
 
+from ._journals import DEFAULT_IDLE_TIMEOUT, DEFAULT_LOCK_TIMEOUT, DEFAULT_MAX_OPEN, SessionJournals
 from ._langchain_answers import (
     Box,
     Result,
@@ -47,7 +53,9 @@ from ._langchain_answers import (
     call_of,
     sync_tool,
 )
+from ._langchain_ask import BLOCKED_KIND, checkpointed, payload, payload_before, resolve
 from ._require import require
+from ._shared import BlockedMessage, blocked_answer, check_blocked_message
 
 _middleware_types = require("langchain.agents.middleware.types", "langchain")
 _lg_types = require("langgraph.types", "langchain")
@@ -62,8 +70,6 @@ else:
     _Base = _middleware_types.AgentMiddleware
 
 OnBlocked = Literal["message", "interrupt"]
-BLOCKED_KIND = "walj_blocked"
-"""`payload["kind"]` of the interrupt a blocked call raises with `on_blocked="interrupt"`."""
 
 
 def thread_id_of(request: ToolCallRequest) -> str:
@@ -148,6 +154,13 @@ class _Session:
                     "LangGraph resumed this step; its calls are dispatched again with the same "
                     "ids, and replay answers those that settled: " + ", ".join(sorted(ids))))
 
+    def adopt_new(self, request: ToolCallRequest, call_id: str) -> None:
+        """`adopt` the call's step when it is not the live one."""
+        step, _unanswered = _step_of(request, call_id)
+        with self.lock:
+            if self.step != step:
+                self.adopt(step)
+
     def enter(self, request: ToolCallRequest, call_id: str) -> _Turn:
         """The live turn of the call's step, starting it (and leaving an earlier step's turn
         incomplete, so that it blocks) when the step is new."""
@@ -189,6 +202,9 @@ class WaljMiddleware(_Base):
     one journal per thread under `root`. See the module's documentation."""
 
     def __init__(self, root: str | os.PathLike[str], *, on_blocked: OnBlocked = "message",
+                 blocked_message: BlockedMessage = None,
+                 idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
+                 max_open: int = DEFAULT_MAX_OPEN, lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
                  **journal_options: Any) -> None:
         super().__init__()
         if on_blocked not in ("message", "interrupt"):
@@ -196,48 +212,40 @@ class WaljMiddleware(_Base):
         if "tools" in journal_options:
             raise ValueError("WaljMiddleware runs the agent's own tools, so it takes no tools= "
                              "(reconcile hooks and on_ambiguous policies do not apply to it)")
-        self._root = os.fspath(root)
         self._on_blocked: OnBlocked = on_blocked
-        self._options: dict[str, Any] = {"store_outputs": True, **journal_options}
-        self._sessions: dict[str, _Session] = {}
-        self._lock = threading.Lock()
-        self._closed = False
+        self._blocked_message = check_blocked_message(blocked_message)
+        self._journals = SessionJournals(
+            root, _Session, options={"store_outputs": True, **journal_options},
+            idle_timeout=idle_timeout, max_open=max_open, lock_timeout=lock_timeout)
 
     @property
     def root(self) -> str:
-        return self._root
+        return self._journals.root
 
     @property
     def on_blocked(self) -> OnBlocked:
         return self._on_blocked
 
     def journal(self, thread_id: str) -> walj.ToolJournal:
-        """The journal of `thread_id`, opened (and cached) on first use."""
-        return self._session(thread_id).journal
+        """The journal of `thread_id`, opened if needed (for inspecting or resolving it; it
+        may be closed once idle, and the next call opens it again)."""
+        return self._journals.get(thread_id).journal
 
-    def _session(self, thread_id: str) -> _Session:
-        with self._lock:
-            if self._closed:
-                raise walj.ClosedError("WaljMiddleware is closed")
-            session = self._sessions.get(thread_id)
-            if session is None:
-                journal = walj.ToolJournal.open_session(self._root, thread_id, **self._options)
-                session = self._sessions[thread_id] = _Session(journal)
-            return session
+    def end(self, thread_id: str) -> None:
+        """End the thread's session: `session_ended` is durable, then its journal is closed
+        and forgotten (a thread with no journal yet is left alone). Its blockers stay; a later
+        call of the thread is refused (`walj.SessionEndedError`). Refused while a call of it
+        runs (`walj.TurnError`)."""
+        self._journals.end(thread_id)
+
+    def release(self, thread_id: str) -> None:
+        """Close the thread's journal now, holding nothing of it open; its next call opens it
+        again. Refused while a call of it runs (`walj.TurnError`)."""
+        self._journals.release(thread_id)
 
     def close(self) -> None:
-        """Close every journal it opened. A step with unanswered calls is left incomplete."""
-        with self._lock:
-            self._closed = True
-            sessions, self._sessions = list(self._sessions.values()), {}
-        errors: list[BaseException] = []
-        for session in sessions:
-            try:
-                session.close()
-            except walj.WaljError as exc:
-                errors.append(exc)
-        if errors:
-            raise errors[0]
+        """Close every journal it holds. A step with unanswered calls is left incomplete."""
+        self._journals.close()
 
     def __enter__(self) -> WaljMiddleware:
         return self
@@ -253,16 +261,20 @@ class WaljMiddleware(_Base):
         """Run the call through its thread's journal (the hook of `create_agent` and of
         `ToolNode(wrap_tool_call=...)`)."""
         call_id, name, arguments = call_of(request)
-        session = self._session(thread_id_of(request))
-        turn = session.enter(request, call_id)
-        problem: str | None = None
-        while True:
-            box = Box()
-            done = turn.dispatch(name, arguments, call_id=call_id,
-                                 handler=sync_tool(request, handler, box))
-            if not self._asks(request, done, box):
-                return self._answered(session, turn, call_id, done, box, request)
-            problem = self._ask(session.journal, done, problem)
+        thread = thread_id_of(request)
+        session = self._journals.acquire(thread)
+        try:
+            problem = self._ask_first(session, request, call_id, name)
+            turn = session.enter(request, call_id)
+            while True:
+                box = Box()
+                done = turn.dispatch(name, arguments, call_id=call_id,
+                                     handler=sync_tool(request, handler, box))
+                if not self._asks(request, done, box):
+                    return self._answered(session, turn, call_id, done, box, request)
+                problem = self._ask(session.journal, payload(done, session.journal), problem)
+        finally:
+            self._journals.done(thread, session)
 
     async def awrap_tool_call(self, request: ToolCallRequest,
                               handler: Callable[[ToolCallRequest], Awaitable[Result]]
@@ -270,26 +282,44 @@ class WaljMiddleware(_Base):
         """As `wrap_tool_call`, for `ainvoke`/`astream`; the journal's blocking steps (opening,
         turn records, resolutions) run in worker threads."""
         call_id, name, arguments = call_of(request)
-        session = await asyncio.to_thread(self._session, thread_id_of(request))
-        turn = await asyncio.to_thread(session.enter, request, call_id)
+        thread = thread_id_of(request)
+        session = await self._journals.aacquire(thread)
+        try:
+            problem = await asyncio.to_thread(self._ask_first, session, request, call_id, name)
+            turn = await asyncio.to_thread(session.enter, request, call_id)
+            while True:
+                box = Box()
+                done = await turn.adispatch(name, arguments, call_id=call_id,
+                                            handler=async_tool(request, handler, box))
+                if not self._asks(request, done, box):
+                    return await asyncio.to_thread(self._answered, session, turn, call_id, done,
+                                                   box, request)
+                problem = await asyncio.to_thread(self._ask, session.journal,
+                                                  payload(done, session.journal), problem)
+        finally:
+            self._journals.done(thread, session)
+
+    def _ask_first(self, session: _Session, request: ToolCallRequest, call_id: str,
+                   name: str) -> str | None:
+        """In interrupt mode, while the journal blocks: ask a person before dispatching, so a
+        resumed task reads the answer and writes its resolutions first, then dispatches the
+        call once. (A first pause writes nothing; the interrupt says what blocks.)"""
+        if not (self._on_blocked == "interrupt" and checkpointed(request)):
+            return None
+        session.adopt_new(request, call_id)
         problem: str | None = None
-        while True:
-            box = Box()
-            done = await turn.adispatch(name, arguments, call_id=call_id,
-                                        handler=async_tool(request, handler, box))
-            if not self._asks(request, done, box):
-                return await asyncio.to_thread(self._answered, session, turn, call_id, done,
-                                               box, request)
-            problem = await asyncio.to_thread(self._ask, session.journal, done, problem)
+        while session.journal.recovery.blockers:
+            asked = payload_before(session.journal, name, call_id)
+            problem = self._ask(session.journal, asked, problem)
+        return problem
 
     def _asks(self, request: ToolCallRequest, done: walj.ToolResult, box: Box) -> bool:
         """True when a person is asked: the journal blocked the call (nothing ran), and the
         graph can pause and resume (it has a checkpointer)."""
         return (self._on_blocked == "interrupt" and done.outcome == "blocked"
-                and box.raised is None and box.result is None and _checkpointed(request))
+                and box.raised is None and box.result is None and checkpointed(request))
 
-    @staticmethod
-    def _answered(session: _Session, turn: _Turn, call_id: str, done: walj.ToolResult,
+    def _answered(self, session: _Session, turn: _Turn, call_id: str, done: walj.ToolResult,
                   box: Box, request: ToolCallRequest) -> Result:
         """The call's answer; the step's turn learns it was answered, unless the tool paused
         on an interrupt of its own (LangGraph runs it again on resume)."""
@@ -297,17 +327,16 @@ class WaljMiddleware(_Base):
             session.answered(turn, call_id)
         if box.raised is not None:
             raise box.raised  # as LangChain raises it (ToolNode's handle_tool_errors applies)
+        if done.outcome == "blocked" and box.result is None:
+            done = done._replace(error=blocked_answer(done, self._blocked_message,
+                                                      session.journal))
         return answer(done, box, request)
 
-    def _ask(self, journal: walj.ToolJournal, done: walj.ToolResult,
+    @staticmethod
+    def _ask(journal: walj.ToolJournal, payload: dict[str, Any],
              problem: str | None) -> str | None:
         """Pause the graph for a person (interrupt) and write their answer's resolutions; the
-        caller then dispatches again. A bad answer is asked again, saying what was wrong."""
-        payload = {"kind": BLOCKED_KIND, "tool": done.name, "call_id": done.call_id,
-                   "message": done.error, "journal": str(journal.path),
-                   "ambiguous_executions": (done.output or {}).get("ambiguous_executions", []),
-                   "answer": {"execution_id": "...", "outcome": "succeeded|failed|not_performed",
-                              "actor": "...", "note": "...", "output": "optional"}}
+        caller then dispatches. A bad answer is asked again, saying what was wrong."""
         if problem is not None:
             payload["problem"] = problem
         answer = _lg_types.interrupt(payload)
@@ -316,37 +345,6 @@ class WaljMiddleware(_Base):
         except (walj.ResolutionError, ValueError, TypeError) as exc:
             return f"{type(exc).__name__}: {exc}"
         return None
-
-
-def _checkpointed(request: ToolCallRequest) -> bool:
-    """Whether the graph runs with a checkpointer: LangGraph puts it in the run's configurable
-    under this key. Without one an interrupt could never be resumed, so the blocked call is
-    answered with the error ToolMessage instead (and if the key ever moves, that is what
-    happens: nothing pauses a graph that cannot resume)."""
-    config = getattr(getattr(request, "runtime", None), "config", None)
-    configurable = config.get("configurable") if isinstance(config, Mapping) else None
-    return isinstance(configurable, Mapping) and configurable.get(
-        "__pregel_checkpointer") is not None
-
-
-def resolve(journal: walj.ToolJournal, answer: Any) -> None:
-    """Write the resolutions a person's `Command(resume=answer)` carries (see the module's
-    documentation). A resolution already written (the task ran again) is skipped."""
-    answers = answer if isinstance(answer, list) else [answer]
-    if not answers or not all(isinstance(a, Mapping) for a in answers):
-        raise TypeError("a walj answer is a dict (or a list of dicts) with execution_id, "
-                        "outcome and actor, or turn_sequence and actor")
-    for item in answers:
-        actor, note = item.get("actor"), item.get("note")
-        try:
-            if "turn_sequence" in item:
-                journal.resolve_turn(item["turn_sequence"], note=note, actor=actor)
-            else:
-                journal.resolve(item.get("execution_id"), item.get("outcome"), note=note,
-                                actor=actor, output=item.get("output"))
-        except walj.ResolutionError as exc:
-            if exc.reason not in ("already_resolved", "already_terminal"):
-                raise
 
 
 __all__ = ["BLOCKED_KIND", "RESUMED_STEP_ACTOR", "OnBlocked", "ToolMessageError",

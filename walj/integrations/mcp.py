@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 import walj
 
 from ._require import require
+from ._shared import BlockedMessage, blocked_answer, check_blocked_message
 
 if TYPE_CHECKING:
     from mcp import Client
@@ -113,13 +114,15 @@ class JournaledClient:
     """An `mcp.Client` whose `call_tool` goes through a walj journal. Build with `journaled`.
     Everything else (listing tools, resources, prompts) is the client's: use `.client`."""
 
-    def __init__(self, client: Client, journal: walj.ToolJournal) -> None:
+    def __init__(self, client: Client, journal: walj.ToolJournal, *,
+                 blocked_message: BlockedMessage = None) -> None:
         if not isinstance(journal, walj.ToolJournal):
             raise TypeError(f"journal must be a walj.ToolJournal, not {type(journal).__name__}")
         if not callable(getattr(client, "call_tool", None)):
             raise TypeError(f"client must be an mcp.Client, not {type(client).__name__}")
         self._client = client
         self._journal = journal
+        self._blocked_message = check_blocked_message(blocked_message)
 
     @property
     def client(self) -> Client:
@@ -208,7 +211,8 @@ class JournaledClient:
             call.error = exc  # recorded ambiguous: the journal blocks until it is resolved
             return _error_result(str(exc))
         if done.outcome == "blocked":
-            return _blocked_result(done)
+            return _blocked_result(done, blocked_answer(done, self._blocked_message,
+                                                        self._journal))
         if done.outcome == "refused" or done.replayed:  # answered from the journal: no call
             return _answered_result(done)
         if call.result is not None:  # "ok", or "error" for a result marked is_error
@@ -238,18 +242,21 @@ def _answered_result(done: walj.ToolResult) -> CallToolResult:
     return result
 
 
-def _blocked_result(done: walj.ToolResult) -> CallToolResult:
+def _blocked_result(done: walj.ToolResult, text: str) -> CallToolResult:
     result: CallToolResult = _mcp_types.CallToolResult(
-        content=[_mcp_types.TextContent(type="text", text=done.error or "blocked by walj")],
+        content=[_mcp_types.TextContent(type="text", text=text)],
         is_error=True,
         meta={BLOCKED_META: done.output, EXECUTION_ID_META: done.execution_id},
     )
     return result
 
 
-def journaled(client: Client, journal: walj.ToolJournal) -> JournaledClient:
-    """Wrap a connected `mcp.Client` so that each `call_tool` is one durable walj execution."""
-    return JournaledClient(client, journal)
+def journaled(client: Client, journal: walj.ToolJournal, *,
+              blocked_message: BlockedMessage = None) -> JournaledClient:
+    """Wrap a connected `mcp.Client` so that each `call_tool` is one durable walj execution.
+    `blocked_message`: the text of a blocked call's result instead of walj's (a string, or a
+    function of the blocked `walj.ToolResult`)."""
+    return JournaledClient(client, journal, blocked_message=blocked_message)
 
 
 __all__ = [

@@ -26,6 +26,13 @@ it) blocks the next run's calls, whatever new call id the model gives them. With
 calls share a turn that opens with the first call and closes when the last concurrent call
 ends: a crash inside a tool still blocks, but one after the tools returned and before the SDK
 saved the result to its Session does not (docs/INTEGRATIONS.md).
+
+Sessions. `WaljSessions(root)` holds one journal per SDK session id under `root`:
+`async with sessions.run(session_id) as journal:` opens it (or reuses it), brackets the run as
+`journaled_run` does, and holds it open until the block ends; it is closed once idle for
+`idle_timeout` seconds, at most `max_open` are open, and one that another process holds is
+waited for up to `lock_timeout` seconds. `end(session_id)` ends a session, `release` closes its
+journal, `close()` all of them.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import os
 import weakref
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -42,7 +50,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import walj
 
+from ._journals import (
+    DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_LOCK_TIMEOUT,
+    DEFAULT_MAX_OPEN,
+    JournalOnly,
+    SessionJournals,
+)
 from ._require import require
+from ._shared import BlockedMessage, blocked_answer, check_blocked_message
 
 if TYPE_CHECKING:
     from agents.tool import FunctionTool
@@ -57,7 +73,8 @@ if not {"_failure_error_function", "_use_default_failure_error_function"} <= set
     raise ImportError("walj.integrations.openai_agents needs openai-agents 0.24 or newer: "
                       "pip install 'walj[openai-agents]'")
 
-__all__ = ["BLOCKED_PREFIX", "ERROR_PREFIX", "LiveTurn", "journal_tools", "journaled_run"]
+__all__ = ["BLOCKED_PREFIX", "ERROR_PREFIX", "LiveTurn", "WaljSessions", "journal_tools",
+           "journaled_run"]
 
 BLOCKED_PREFIX = "not run: "
 ERROR_PREFIX = "error: "
@@ -184,10 +201,11 @@ class _JournaledInvoker:
     model's JSON text."""
 
     def __init__(self, original: FunctionTool, inner: FunctionTool,
-                 journal: walj.ToolJournal) -> None:
+                 journal: walj.ToolJournal, blocked_message: BlockedMessage) -> None:
         self.original = original  # its failure policy formats an error for the model
         self.inner = inner  # raises instead of formatting, and has no timeout of its own
         self.journal = journal
+        self.blocked_message = blocked_message
 
     async def __call__(self, ctx: ToolContext[Any], arguments_json: str) -> Any:
         arguments = _arguments(arguments_json)
@@ -227,7 +245,9 @@ class _JournaledInvoker:
         return await self._answer(ctx, done, call)
 
     async def _answer(self, ctx: ToolContext[Any], done: walj.ToolResult, call: _Call) -> Any:
-        if done.outcome in ("blocked", "refused"):
+        if done.outcome == "blocked":
+            return BLOCKED_PREFIX + blocked_answer(done, self.blocked_message, self.journal)
+        if done.outcome == "refused":
             return BLOCKED_PREFIX + (done.error or f"walj answered {done.outcome}")
         if done.outcome == "ok":
             return done.output
@@ -261,7 +281,8 @@ def _not_json(constant: str) -> Any:
     raise ValueError(f"{constant} is not JSON")
 
 
-def _journaled(tool: Any, journal: walj.ToolJournal, index: int) -> FunctionTool:
+def _journaled(tool: Any, journal: walj.ToolJournal, index: int,
+               blocked_message: BlockedMessage) -> FunctionTool:
     if not isinstance(tool, _tool.FunctionTool):
         name = getattr(tool, "name", None)
         raise TypeError(
@@ -279,13 +300,17 @@ def _journaled(tool: Any, journal: walj.ToolJournal, index: int) -> FunctionTool
     inner._use_default_failure_error_function = False
     inner.timeout_seconds = None
     outer = copy.copy(original)
-    outer.on_invoke_tool = _JournaledInvoker(original, inner, journal)
+    outer.on_invoke_tool = _JournaledInvoker(original, inner, journal, blocked_message)
     return outer
 
 
-def journal_tools(tools: Sequence[Any], journal: walj.ToolJournal) -> list[FunctionTool]:
+def journal_tools(tools: Sequence[Any], journal: walj.ToolJournal, *,
+                  blocked_message: BlockedMessage = None) -> list[FunctionTool]:
     """The tools, journaled: new FunctionTools (the originals are left as they are) whose
-    calls go through `journal`. Raises TypeError, before anything is wrapped, for a journal
+    calls go through `journal`. `blocked_message`: the text the model gets (after
+    `BLOCKED_PREFIX`) for a call the journal blocked, instead of walj's (a string, or a
+    function of the blocked `walj.ToolResult`). Raises TypeError, before anything is wrapped,
+    for a journal
     that is not a `walj.ToolJournal`, for `tools` that is not a list, and for a tool that is
     not a FunctionTool (hosted tools, computer, shell, MCP servers' tools are not in
     `agent.tools`) or is journaled already."""
@@ -293,4 +318,73 @@ def journal_tools(tools: Sequence[Any], journal: walj.ToolJournal) -> list[Funct
         raise TypeError(f"journal must be a walj.ToolJournal, not {type(journal).__name__}")
     if isinstance(tools, (str, bytes)) or not isinstance(tools, Sequence):
         raise TypeError(f"tools must be a list of FunctionTools, not {type(tools).__name__}")
-    return [_journaled(tool, journal, index) for index, tool in enumerate(tools)]
+    check_blocked_message(blocked_message)
+    return [_journaled(tool, journal, index, blocked_message)
+            for index, tool in enumerate(tools)]
+
+
+class WaljSessions:
+    """The journals of an application's SDK sessions, one per session id under `root`, each
+    opened with `ToolJournal.open_session(root, session_id, store_outputs=True,
+    **journal_options)` and held only while a run of it is under way or it is idle for less
+    than `idle_timeout` seconds (None: until released). Thread-safe.
+
+        sessions = WaljSessions("journals")
+        async with sessions.run(session.session_id) as journal:
+            agent = Agent(..., tools=journal_tools([charge_card], journal))
+            result = await Runner.run(agent, request, session=session)
+    """
+
+    def __init__(self, root: str | os.PathLike[str], *,
+                 idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
+                 max_open: int = DEFAULT_MAX_OPEN, lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+                 **journal_options: Any) -> None:
+        self._journals = SessionJournals(
+            root, JournalOnly, options={"store_outputs": True, **journal_options},
+            idle_timeout=idle_timeout, max_open=max_open, lock_timeout=lock_timeout)
+
+    @asynccontextmanager
+    async def run(self, session_id: str) -> AsyncIterator[walj.ToolJournal]:
+        """One run of the session: its journal, held open and bracketed as one walj turn
+        (`journaled_run`) until the block ends."""
+        held = await self._journals.aacquire(session_id)
+        try:
+            async with journaled_run(held.journal):
+                yield held.journal
+        finally:
+            self._journals.done(session_id, held)
+
+    def journal(self, session_id: str) -> walj.ToolJournal:
+        """The session's journal, opened if needed: for inspecting or resolving it. Once idle
+        it may be closed; the next run opens it again."""
+        return self._journals.get(session_id).journal
+
+    def end(self, session_id: str) -> None:
+        """End the session: `session_ended` is durable, then its journal is closed and
+        forgotten (one with no journal yet is left alone). Its blockers stay; a later run of
+        it is refused (`walj.SessionEndedError`). Refused while a run of it is under way
+        (`walj.TurnError`)."""
+        self._journals.end(session_id)
+
+    def release(self, session_id: str) -> None:
+        """Close the session's journal now, holding nothing of it open; its next run opens it
+        again. Refused while a run of it is under way (`walj.TurnError`)."""
+        self._journals.release(session_id)
+
+    def close(self) -> None:
+        """Close every journal held. Idempotent."""
+        self._journals.close()
+
+    async def __aenter__(self) -> WaljSessions:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        self.close()
+
+    def __enter__(self) -> WaljSessions:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()

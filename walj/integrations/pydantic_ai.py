@@ -26,7 +26,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import walj
 
+from ._journals import DEFAULT_IDLE_TIMEOUT, DEFAULT_LOCK_TIMEOUT, DEFAULT_MAX_OPEN, SessionJournals
 from ._require import require
+from ._shared import BlockedMessage, blocked_answer, check_blocked_message
 
 require("pydantic_ai", "pydantic-ai")  # first: a missing extra is named, not a bare import
 
@@ -39,12 +41,10 @@ from pydantic_ai.exceptions import (  # noqa: E402
     ToolFailed,
 )
 from pydantic_ai.messages import ModelRequest, ToolCallPart  # noqa: E402
-from pydantic_ai.tools import (  # noqa: E402
-    DeferredToolRequests,
-    DeferredToolResults,
-    ToolDefinition,
-)
+from pydantic_ai.tools import ToolDefinition  # noqa: E402
 from pydantic_core import to_jsonable_python  # noqa: E402
+
+from ._pydantic_ai_answers import ACTOR, ANSWER_OUTCOMES, METADATA_KEY, answer_blocked  # noqa: E402
 
 if TYPE_CHECKING:
     from pydantic_ai.capabilities import (
@@ -53,12 +53,6 @@ if TYPE_CHECKING:
         WrapNodeRunHandler,
         WrapToolExecuteHandler,
     )
-
-METADATA_KEY = "walj"
-"""The key of walj's entry in a deferred call's metadata (`DeferredToolRequests.metadata[id]`),
-and of the person's answer in `DeferredToolResults.metadata[id]`."""
-ACTOR = "walj.integrations.pydantic_ai"
-ANSWER_OUTCOMES = ("succeeded", "failed", "not_performed")
 
 OnBlocked = Literal["fail", "defer"]
 
@@ -119,12 +113,14 @@ class _Attempt:
 class _Session:
     """One conversation's journal and its live turn (the response whose calls are running)."""
 
-    __slots__ = ("journal", "owned", "turn")
+    __slots__ = ("journal", "turn")
 
-    def __init__(self, journal: walj.ToolJournal, owned: bool) -> None:
+    def __init__(self, journal: walj.ToolJournal) -> None:
         self.journal = journal
-        self.owned = owned
         self.turn: Any = None  # the live walj turn while a response's calls run
+
+    def close(self) -> None:
+        self.journal.close()  # a live turn is left incomplete, as after a crash
 
 
 class WaljCapability(AbstractCapability[Any]):
@@ -133,29 +129,40 @@ class WaljCapability(AbstractCapability[Any]):
     `journal_or_root`: a `walj.ToolJournal` (every run uses it; one run at a time), or a
     directory under which each conversation gets its own journal, opened with
     `ToolJournal.open_session(root, ctx.conversation_id, store_outputs=True, **journal_options)`
-    on its first tool call and kept open until `close()` (or the end of `with`).
+    when a call of it comes, held while a run's step or call of it is under way, and closed once
+    idle for `idle_timeout` seconds (None: never), at most `max_open` open at once; a journal
+    another process holds is waited for up to `lock_timeout` seconds.
     `on_blocked`: "fail" (a blocked call raises `ToolFailed` with walj's message) or "defer"
     (it raises `CallDeferred`; the agent's `output_type` must include `DeferredToolRequests`).
+    `blocked_message`: the text the model gets for a blocked call instead of walj's (a string,
+    or a function of the blocked `walj.ToolResult`).
     """
 
     def __init__(self, journal_or_root: walj.ToolJournal | str | os.PathLike[str], *,
-                 on_blocked: OnBlocked = "fail", **journal_options: Any) -> None:
+                 on_blocked: OnBlocked = "fail", blocked_message: BlockedMessage = None,
+                 idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
+                 max_open: int = DEFAULT_MAX_OPEN, lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+                 **journal_options: Any) -> None:
         if on_blocked not in ("fail", "defer"):
             raise ValueError(f"on_blocked must be 'fail' or 'defer', not {on_blocked!r}")
-        self._journal: walj.ToolJournal | None = None
-        self._root: Path | None = None
+        self._blocked_message = check_blocked_message(blocked_message)
+        self._given: _Session | None = None
+        self._journals: SessionJournals[_Session] | None = None
         if isinstance(journal_or_root, walj.ToolJournal):
             if journal_options:
                 raise TypeError("journal options are for a root; this journal is already open")
-            self._journal = journal_or_root
+            self._given = _Session(journal_or_root)
+            self._where = repr(journal_or_root)
         elif isinstance(journal_or_root, (str, os.PathLike)):
-            self._root = Path(journal_or_root)
+            self._journals = SessionJournals(
+                Path(journal_or_root), _Session,
+                options={"store_outputs": True, **journal_options}, idle_timeout=idle_timeout,
+                max_open=max_open, lock_timeout=lock_timeout)
+            self._where = repr(str(Path(journal_or_root)))
         else:
             raise TypeError("journal_or_root must be a walj.ToolJournal or a directory, not "
                             f"{type(journal_or_root).__name__}")
-        self._options = {"store_outputs": True, **journal_options}
         self.on_blocked: OnBlocked = on_blocked
-        self._sessions: dict[str | None, _Session] = {}
         self._closed = False
 
     @classmethod
@@ -163,48 +170,62 @@ class WaljCapability(AbstractCapability[Any]):
         return None  # built from a journal or a path, not from an agent spec
 
     def __repr__(self) -> str:
-        where = self._journal if self._journal is not None else str(self._root)
-        return f"<walj.integrations.pydantic_ai.WaljCapability {where!r} {self.on_blocked}>"
+        return f"<walj.integrations.pydantic_ai.WaljCapability {self._where} {self.on_blocked}>"
 
     # --- journals -------------------------------------------------------------------------------
 
     def journal_for(self, conversation_id: str) -> walj.ToolJournal:
         """The journal of a conversation (the one journal when built with one), opened if
-        needed: for inspecting or resolving what blocks it."""
-        return self._session_of(conversation_id).journal
+        needed: for inspecting or resolving what blocks it. Once idle it may be closed; the
+        next call of the conversation opens it again."""
+        if self._journals is None:
+            return self._use().journal
+        return self._journals.get(self._key(conversation_id)).journal
 
-    def _session_of(self, conversation_id: str | None) -> _Session:
+    def end(self, conversation_id: str) -> None:
+        """End the conversation's session: `session_ended` is durable, then its journal is
+        closed and forgotten (one with no journal yet is left alone). Its blockers stay; a
+        later run of it is refused (`walj.SessionEndedError`). Refused while a run of it is in
+        a step (`walj.TurnError`). Built with a journal: ends that journal."""
+        if self._journals is None:
+            self._use().journal.end()
+        else:
+            self._journals.end(self._key(conversation_id))
+
+    def release(self, conversation_id: str) -> None:
+        """Close the conversation's journal now, holding nothing of it open; its next call
+        opens it again. Refused while a run of it is in a step (`walj.TurnError`). Built with
+        a journal, there is nothing to release (the caller owns it)."""
+        if self._journals is not None:
+            self._journals.release(self._key(conversation_id))
+
+    def _key(self, conversation_id: str | None) -> str:
         if self._closed:
             raise walj.ClosedError("this WaljCapability was closed")
-        if self._journal is not None:
-            session = self._sessions.get(None)
-            if session is None:
-                session = self._sessions[None] = _Session(self._journal, owned=False)
-            return session
         if not conversation_id:
             raise ValueError("the run has no conversation_id; walj keys a journal by it")
-        session = self._sessions.get(conversation_id)
-        if session is None:
-            assert self._root is not None
-            # Opened in the loop's thread, once per conversation: an open interrupted in a
-            # worker thread would leave a journal (and its lock) that nothing closes.
-            journal = walj.ToolJournal.open_session(self._root, conversation_id, **self._options)
-            session = self._sessions[conversation_id] = _Session(journal, owned=True)
-        return session
+        return conversation_id
+
+    def _use(self) -> _Session:
+        """The given journal's session (nothing opened, no run counted)."""
+        if self._closed or self._given is None:
+            raise walj.ClosedError("this WaljCapability was closed")
+        return self._given
+
+    async def _acquire(self, conversation_id: str | None) -> _Session:
+        if self._journals is None:
+            return self._use()
+        return await self._journals.aacquire(self._key(conversation_id))
+
+    def _done(self, conversation_id: str | None, session: _Session) -> None:
+        if self._journals is not None and conversation_id:
+            self._journals.done(conversation_id, session)
 
     def close(self) -> None:
         """Close every journal this capability opened (not one it was given). Idempotent."""
         self._closed = True
-        sessions, self._sessions = list(self._sessions.values()), {}
-        errors: list[BaseException] = []
-        for session in sessions:
-            if session.owned:
-                try:
-                    session.journal.close()
-                except walj.WaljError as exc:
-                    errors.append(exc)
-        if errors:
-            raise errors[0]
+        if self._journals is not None:
+            self._journals.close()
 
     def __enter__(self) -> WaljCapability:
         return self
@@ -227,27 +248,37 @@ class WaljCapability(AbstractCapability[Any]):
         restart as an interrupted turn unless one of its calls already blocks."""
         if not (isinstance(node, CallToolsNode) and node.model_response.tool_calls):
             return await handler(node)
-        session = self._session_of(ctx.conversation_id)
-        if session.turn is not None:  # a nested step: its calls join the live turn
-            return await handler(node)
-        failure: Exception | None = None
-        async with session.journal.turn() as turn:
-            session.turn = turn
-            try:
+        session = await self._acquire(ctx.conversation_id)
+        try:
+            if session.turn is not None:  # a nested step: its calls join the live turn
                 return await handler(node)
-            except Exception as exc:
-                failure = exc  # leave the block normally: the turn is completed
-            finally:
-                session.turn = None
-        assert failure is not None
-        raise failure
+            failure: Exception | None = None
+            async with session.journal.turn() as turn:
+                session.turn = turn
+                try:
+                    return await handler(node)
+                except Exception as exc:
+                    failure = exc  # leave the block normally: the turn is completed
+                finally:
+                    session.turn = None
+            assert failure is not None
+            raise failure
+        finally:
+            self._done(ctx.conversation_id, session)
 
     # --- calls ----------------------------------------------------------------------------------
 
     async def wrap_tool_execute(self, ctx: RunContext[Any], *, call: ToolCallPart,
                                 tool_def: ToolDefinition, args: dict[str, Any],
                                 handler: WrapToolExecuteHandler) -> Any:
-        session = self._session_of(ctx.conversation_id)
+        session = await self._acquire(ctx.conversation_id)
+        try:
+            return await self._execute(ctx, session, call, args, handler)
+        finally:
+            self._done(ctx.conversation_id, session)
+
+    async def _execute(self, ctx: RunContext[Any], session: _Session, call: ToolCallPart,
+                       args: dict[str, Any], handler: WrapToolExecuteHandler) -> Any:
         if ctx.tool_call_approved:
             self._apply_answer(session.journal, ctx.tool_call_metadata)
         attempt = _Attempt()
@@ -282,12 +313,12 @@ class WaljCapability(AbstractCapability[Any]):
             return attempt.value  # what the tool returned, not the journal's JSON copy
         if attempt.error is not None:
             raise attempt.error  # recorded; raised as Pydantic AI raises it without walj
-        return self._answer(done)
+        return self._answer(done, session.journal)
 
-    def _answer(self, done: walj.ToolResult) -> Any:
+    def _answer(self, done: walj.ToolResult, journal: walj.ToolJournal) -> Any:
         """The answer to a call walj did not run: blocked, replayed or refused."""
         if done.outcome == "blocked":
-            message = done.error or "walj blocked this call"
+            message = blocked_answer(done, self._blocked_message, journal)
             if self.on_blocked == "defer":
                 output = done.output if isinstance(done.output, Mapping) else {}
                 raise CallDeferred(metadata={METADATA_KEY: {
@@ -322,44 +353,6 @@ class WaljCapability(AbstractCapability[Any]):
             elif blocker.get("execution_id") in blocking:
                 journal.resolve(blocker["execution_id"], answer["outcome"], actor=actor,
                                 note=note, output=answer.get("output"))
-
-
-def answer_blocked(requests: DeferredToolRequests, *, outcome: str, actor: str,
-                   note: str | None = None, output: Any = None,
-                   call_ids: list[str] | None = None) -> DeferredToolResults:
-    """A person's answer to the calls walj deferred (`on_blocked="defer"`): pass it as the
-    next run's `deferred_tool_results`, with the same message history.
-
-    Each walj-deferred call in `requests` (or those in `call_ids`) is approved, carrying a
-    resolution of what blocked it: `outcome` "succeeded" (the interrupted call did take effect;
-    `output` is what the model then gets for it), "failed" (a `note` is required) or
-    "not_performed". When the run re-executes the call, the capability writes that resolution
-    (`journal.resolve`, durable, with `actor` and `note`) and dispatches the call again: replay
-    answers the interrupted call from the resolution, and a call that was only blocked by
-    another runs once nothing blocks. A bad outcome, actor or note raises ValueError here,
-    before anything is written."""
-    if outcome not in ANSWER_OUTCOMES:
-        raise ValueError(f"outcome must be one of {', '.join(ANSWER_OUTCOMES)}, not {outcome!r}")
-    if not isinstance(actor, str) or not actor:
-        raise ValueError("actor must be a non-empty string: who answers")
-    if outcome == "failed" and not note:
-        raise ValueError("a 'failed' answer needs a note: what failed")
-    if note is not None and not isinstance(note, str):
-        raise ValueError(f"note must be a string or None, not {type(note).__name__}")
-    approvals: dict[str, Any] = {}
-    metadata: dict[str, dict[str, Any]] = {}
-    for part in requests.calls:
-        deferred = (requests.metadata.get(part.tool_call_id) or {}).get(METADATA_KEY)
-        if not isinstance(deferred, Mapping):
-            continue  # deferred by something other than walj
-        if call_ids is not None and part.tool_call_id not in call_ids:
-            continue
-        approvals[part.tool_call_id] = True
-        metadata[part.tool_call_id] = {METADATA_KEY: {
-            "outcome": outcome, "actor": actor, "note": note, "output": output,
-            "blockers": list(deferred.get("blockers") or []),
-        }}
-    return DeferredToolResults(approvals=approvals, metadata=metadata)
 
 
 __all__ = ["ACTOR", "ANSWER_OUTCOMES", "METADATA_KEY", "WaljCapability", "answer_blocked",

@@ -29,6 +29,19 @@ from ._tools import Tool, ToolContext, ToolResult, as_tool, invoke, outcome_of
 BLOCKED_STATUS = "blocked_interrupted_execution"
 
 
+def blocked_text(tool: str) -> str:
+    """What a blocked call answers, written for the model and the person it talks to: what
+    happened, that nothing was run again, who settles it, and what to do meanwhile. (What a
+    developer does about it, resolving, is in `output["ambiguous_executions"]` and the docs.)"""
+    return (
+        f"The tool {tool!r} was not run. An earlier action in this conversation was "
+        "interrupted before it finished, and it is not known whether it took effect, so "
+        "nothing is run again until a person has checked what happened and settled it. Tell "
+        "the user that this action is on hold until then; do not retry it, and do not try to "
+        "reach the same result another way."
+    )
+
+
 class _Prepared(NamedTuple):
     name: str
     call_id: str
@@ -195,11 +208,7 @@ class Turn(TurnSlot):
              "state": b.state, "turn_sequence": b.turn_sequence}
             for b in blockers
         ]
-        message = (
-            f"walj blocked tool {prep.name!r}: {len(blockers)} earlier execution(s) or turn(s) "
-            "were interrupted and may or may not have taken effect. Nothing was run. Resolve "
-            "them (journal.resolve / journal.resolve_turn) or answer without tools."
-        )
+        message = blocked_text(prep.name)
         output = {"status": BLOCKED_STATUS, "message": message, "ambiguous_executions": listed}
         result = ToolResult(prep.name, prep.call_id, prep.arguments, output, message, "blocked",
                             prep.execution_id)
