@@ -135,7 +135,7 @@ class Tree:
             child.finish()
 
 
-def _session(path: Path, kind: str, turns: int, segment_bytes: int, seed: str,
+def make_session(path: Path, kind: str, turns: int, segment_bytes: int, seed: str,
              quarantine: bool = False) -> None:
     """Make (or go on with) a session in a child; a blocked one is killed inside its tool."""
     child = Child("child_retention_session.py",
@@ -148,7 +148,7 @@ def _session(path: Path, kind: str, turns: int, segment_bytes: int, seed: str,
         f"{path}: the session child failed ({code}):\n{child.stderr}"
 
 
-def _hold(path: Path, seed: str) -> Child:
+def hold_open(path: Path, seed: str) -> Child:
     child = Child("child_retention_session.py", [str(path), "hold", "0", "1024", seed, "0"])
     assert child.wait_for("O") is not None, f"{path}: the live writer never opened:\n" \
         f"{child.finish()} {child.stderr}"
@@ -180,7 +180,7 @@ def build_tree(rng: random.Random, base: Path, seed: str) -> Tree:
     tops = [tree.root / f"user{i}" for i in range(rng.randint(3, 5))]
 
     def make(path: Path, kind: str, *, quarantine: bool = False) -> None:
-        _session(path, kind, rng.randint(2, 8), rng.choice([1024, 2048]), seed, quarantine)
+        make_session(path, kind, rng.randint(2, 8), rng.choice([1024, 2048]), seed, quarantine)
         tree.kinds[path] = kind
         if quarantine:
             tree.quarantined.append(path)
@@ -195,7 +195,7 @@ def build_tree(rng: random.Random, base: Path, seed: str) -> Tree:
         nested = parent / f"thread{rng.randint(1, 9)}"
         make(nested, rng.choice(["blocked", "blocked", "idle", "ended"]))
         if rng.random() < 0.6:
-            tree.held[nested] = _hold(nested, seed)
+            tree.held[nested] = hold_open(nested, seed)
     # A forked copy: `cp -r` of an idle session, then both go on and differ.
     idle = [p for p in tops if tree.kinds[p] == "idle"]
     if idle and rng.random() < 0.8:
@@ -226,7 +226,7 @@ def build_tree(rng: random.Random, base: Path, seed: str) -> Tree:
             and tree.kinds[p] != "blocked"]
     if free and rng.random() < 0.3:
         held = rng.choice(free)
-        tree.held[held] = _hold(held, seed)
+        tree.held[held] = hold_open(held, seed)
     for _ in range(rng.randint(0, 2)):
         _unknown_file(tree, rng.choice([tree.root, *tops]), rng)
     return tree

@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import signal
 from pathlib import Path
 
 import pytest
 from budget import SEED, TALLY, TRIALS, rng_for
-from retention import Child, Tree, build_tree
+from retention import Child, Tree, build_tree, hold_open, make_session
 from retention_judge import Store, Truth, look
+
+import walj
+import walj.archive
 
 FILE_TRIALS = max(3, TRIALS // 50)  # 4 at the default budget
 S3_TRIALS = max(1, TRIALS // 200)  # 1
@@ -131,7 +135,8 @@ def one_trial(base: Path, trial: int, url: str, env: dict[str, str], target: str
         tree.release()
     TALLY.add(trials_retention=1, retention_sessions=figures["sessions"],
               retention_records=figures["records"], checked=figures["records"],
-              retention_kept_bytes=figures["bytes"])
+              retention_kept_bytes=figures["bytes"], retention_signals=0,
+              retention_removed=0, retention_compacted=0, retention_bytes_lost=0)
 
 
 def test_retention_torture_file_archive(tmp_path: Path) -> None:
@@ -148,3 +153,63 @@ def test_retention_torture_s3_archive(tmp_path: Path, request: pytest.FixtureReq
     for trial in range(S3_TRIALS):
         url = f"s3://{make_bucket(endpoint)}/sessions"
         one_trial(tmp_path / f"trial{trial}", trial, url, env, "s3")
+
+
+def _resolve_blocker(tree: Tree, archive: str) -> None:
+    with walj.ToolJournal.open(tree.root / "blocked") as journal:
+        for blocker in journal.recovery.blockers:
+            assert blocker.execution_id is not None
+            journal.resolve(blocker.execution_id, "not_performed", note="test", actor="test")
+
+
+def _edit_archived_object(tree: Tree, archive: str) -> None:
+    segment = sorted(Path(archive.removeprefix("file://")).glob("*/seg-*.jsonl"))[0]
+    data = bytearray(segment.read_bytes())
+    data[len(data) // 2] ^= 1
+    segment.write_bytes(bytes(data))
+
+
+DAMAGE = {
+    "a segment deleted": (lambda tree, _: (tree.root / "unarchived" / SEGMENT).unlink(),
+                          "acknowledged records are neither on disk nor"),
+    "an archived object edited": (_edit_archived_object, "does not verify"),
+    "a quarantine deleted": (lambda tree, _: shutil.rmtree(tree.root / "ended" / "quarantine"),
+                             "quarantined or unknown bytes are neither"),
+    "an unknown file deleted": (lambda tree, _: tree.unknown[0].unlink(),
+                                "quarantined or unknown bytes are neither"),
+    "a blocker resolved": (_resolve_blocker, "no longer blocks"),
+    "a held session touched": (lambda tree, _: (tree.root / "held" / "x").write_bytes(b"x"),
+                               "was touched"),
+}
+SEGMENT = "seg-0000000001.jsonl"
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_the_retention_oracle_catches_what_it_guards(tmp_path: Path, damage: str) -> None:
+    """The oracle passes a tree whose only change is an archived session removed locally, and
+    fails each kind of loss it exists to catch, with a message that says which."""
+    tree = Tree(tmp_path / "root", tmp_path / "outside")
+    tree.root.mkdir()
+    tree.outside.mkdir()
+    for name, kind, quarantine in (("ended", "ended", True), ("unarchived", "ended", False),
+                                   ("gone", "ended", False), ("blocked", "blocked", False),
+                                   ("held", "idle", False)):
+        make_session(tree.root / name, kind, 3, 1024, "oracle", quarantine)
+        tree.kinds[tree.root / name] = kind
+    tree.held[tree.root / "held"] = hold_open(tree.root / "held", "oracle")
+    tree.unknown.append(tree.root / "notes.txt")
+    tree.unknown[0].write_bytes(b"not walj's\n")
+    archive = f"file://{tmp_path / 'archive'}"
+    try:
+        truth = Truth()
+        truth.gather(tree)
+        for name in ("ended", "gone"):
+            walj.archive.ship(tree.root / name, archive)
+        shutil.rmtree(tree.root / "gone")  # every record of it is in a verified object
+        truth.check(Store(archive, {}), tree, "untouched")
+        change, message = DAMAGE[damage]
+        change(tree, archive)
+        with pytest.raises(AssertionError, match=message):
+            truth.check(Store(archive, {}), tree, damage)
+    finally:
+        tree.release()
