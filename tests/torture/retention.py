@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sigkill import _start
+from sigkill import _start  # the SIGKILL family's way to start a child (fork server or not)
 
 SEGMENT_NAME_PREFIX = "seg-"
 

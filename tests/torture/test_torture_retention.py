@@ -41,6 +41,9 @@ def _run(step: str, args: list[str], env: dict[str, str], out: Path, rng: random
 
 def _finish(child: Child, out: Path, rng: random.Random, sig: signal.Signals | None,
             context: str) -> str:
+    """Signal a started step at a random moment of its work (if it has not returned by then),
+    wait for it, and fail on a crash: a traceback that is not the KeyboardInterrupt we sent, or
+    an unsignalled exit other than 0 (done) or 1 (problems found, each listed)."""
     if sig is not None:
         child.wait_for("S")
         if child.wait_for("E", timeout=rng.uniform(0.0, 0.6)) is None:
