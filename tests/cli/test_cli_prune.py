@@ -545,14 +545,37 @@ def quarantined(path: Path) -> list[str]:
     return sorted(p.name for p in (path / "quarantine").iterdir())
 
 
-def test_prune_archive_keeps_a_session_whose_quarantine_is_not_archived(
+def test_prune_archive_removes_a_quarantine_only_once_its_bytes_are_archived(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Its segments alone are shipped and verified; the cut bytes in quarantine/ are in no
-    verified copy, so the directory stays, and the report says why."""
+    """The cut bytes in quarantine/ and their manifest are shipped and read back with the
+    segments; only then does the directory go, and the archive holds the same bytes."""
     root = tmp_path / "root"
     aged(monkeypatch, 40)
     files = quarantined(root / "s")
     assert "MANIFEST.jsonl" in files and len(files) == 2
+    cut = next(name for name in files if name != "MANIFEST.jsonl")
+    cut_bytes = (root / "s" / "quarantine" / cut).read_bytes()
+    manifest = (root / "s" / "quarantine" / "MANIFEST.jsonl").read_bytes()
+    run = prune(root, "--older-than", "30d", "--archive", f"file://{tmp_path}/archive",
+                "--json")
+    assert run.code == 0, run.err
+    assert by_name(run)["s"]["action"] == "removed"
+    assert not (root / "s").exists()
+    archived = {p.name: p.read_bytes() for p in (tmp_path / "archive").glob("*/quarantine/*")}
+    assert archived[cut] == cut_bytes
+    assert manifest in archived.values()
+
+
+def test_prune_archive_keeps_a_session_whose_quarantine_is_not_archived(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cut file that no longer matches its manifest line is shipped but never counted as
+    verified: the cut bytes are in no verified copy, so the directory stays, and the report
+    says why."""
+    root = tmp_path / "root"
+    aged(monkeypatch, 40)
+    files = quarantined(root / "s")
+    cut = root / "s" / "quarantine" / next(name for name in files if name != "MANIFEST.jsonl")
+    cut.write_bytes(cut.read_bytes()[:-1] + b"#")
     tree = without_lock(snapshot(root))
     run = prune(root, "--older-than", "30d", "--archive", f"file://{tmp_path}/archive",
                 "--json")
