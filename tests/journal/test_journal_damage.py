@@ -5,6 +5,7 @@ and does not block."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -253,3 +254,69 @@ def test_an_unreadable_log_cut_record_fails_closed(tmp_path: Path, field: str,
         log.append(record)
     with pytest.raises(walj.CorruptionError):
         walj.ToolJournal.open(path)
+
+
+class _LeftTurn(Exception):
+    """The agent's code raised after its tool call returned: the turn is left uncompleted."""
+
+
+def _turn_at_a_sector(path: Path, monkeypatch: pytest.MonkeyPatch, sent: Recorder) -> int:
+    """A journal (sync="always") with a completed turn, then a later turn whose call c2 was
+    acknowledged (durable intent, durable terminal) and which was left by an exception, so the
+    terminal is the last record. The first turn's arguments are padded until the later turn's
+    turn_started line begins a 512-byte sector; its offset is returned."""
+    monkeypatch.setattr("walj.journal._writes.now", lambda: 1796193983.5)  # fixed line lengths
+    pad = target = 0
+    for _ in range(8):
+        with walj.ToolJournal.open(path, tools={"send_email": sent}, sync="always") as journal:
+            with journal.turn() as turn:
+                turn.dispatch("send_email", {"to": "ann@example.com", "pad": "p" * pad},
+                              call_id="c1")
+            try:
+                with journal.turn() as turn:
+                    turn.dispatch("send_email", {"to": "bob@example.com", "body": "b" * 80},
+                                  call_id="c2")
+                    raise _LeftTurn
+            except _LeftTurn:
+                pass
+        offset = _turn_offset(path, 2)
+        if offset % 512 == 0:
+            return offset
+        target = target or -(-offset // 512) * 512
+        pad += target - offset
+        shutil.rmtree(path)
+        sent.calls.clear()
+    raise AssertionError("the later turn never began a sector")
+
+
+def test_a_zeroed_sector_that_destroys_an_intent_blocks(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sector where the later turn begins is zeroed: turn_started and most of c2's intent.
+    The only line that survives in the cut is c2's terminal record, the last thing written.
+    Before: it passed as a record that may have died in its own sync, the cut was explained,
+    the journal reopened unblocked and c2 ran again. The terminal proves its intent was
+    durable, and that intent is gone: damage."""
+    path = tmp_path / "j"
+    sent = Recorder()
+    offset = _turn_at_a_sector(path, monkeypatch, sent)
+    assert [c["to"] for c in sent.calls] == ["ann@example.com", "bob@example.com"]
+    seg = segments(path)[-1]
+    data = bytearray(seg.read_bytes())
+    intent = data.index(b'"call_id":"c2"')
+    intent_end = data.index(b"\n", intent) + 1
+    assert offset + 512 < intent_end < len(data)  # most of the intent, not its terminal
+    data[offset : offset + 512] = bytes(512)
+    seg.write_bytes(bytes(data))
+
+    again = Recorder()
+    with walj.ToolJournal.open(path, tools={"send_email": again}, sync="always") as journal:
+        rec = journal.recovery
+        (cut,) = rec.cuts
+        assert cut.records == 1 and cut.offset == offset
+        assert not cut.explained and "intent" in (cut.reason or "")
+        assert [b.state for b in rec.blockers] == ["log_damage"]
+        with journal.turn() as turn:
+            result = turn.dispatch("send_email", {"to": "bob@example.com", "body": "b" * 80},
+                                   call_id="c2")
+        assert result.outcome == "blocked"
+    assert again.calls == []
