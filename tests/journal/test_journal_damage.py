@@ -5,6 +5,7 @@ and does not block."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -320,3 +321,87 @@ def test_a_zeroed_sector_that_destroys_an_intent_blocks(tmp_path: Path,
                                    call_id="c2")
         assert result.outcome == "blocked"
     assert again.calls == []
+
+
+def _llm_calls_after_a_turn(path: Path, sync: str) -> int:
+    """A completed turn with one call, then eight LLM calls (records the journal writes in the
+    log's sync mode), then close. Returns an aligned sector lying among the LLM records, with
+    LLM records whole on both sides of it."""
+    with walj.ToolJournal.open(path, tools={"send_email": Recorder()}, sync=sync) as journal:
+        with journal.turn() as turn:
+            turn.dispatch("send_email", {"to": "ann@example.com"}, call_id="c1")
+        for i in range(8):
+            with journal.llm_call(model="m", request={"q": i}) as call:
+                call.finish({"a": i})
+    data = segments(path)[-1].read_bytes()
+    starts = [m.start() for m in re.finditer(rb"\{[^\n]*\"kind\":\"llm_call_started\"", data)]
+    sector = -(-starts[1] // 512) * 512
+    assert sector + 512 <= starts[-1]
+    return sector
+
+
+def test_a_zeroed_sector_among_synced_llm_records_blocks(tmp_path: Path) -> None:
+    """With sync="always" every record is synced before the next is written, LLM records too.
+    The journal cannot tell that from the records' kinds (it writes them in the log's mode),
+    but the records after the hole say through which seq the log was synced when they were
+    written, and that covers the records the hole destroyed."""
+    path = tmp_path / "j"
+    sector = _llm_calls_after_a_turn(path, "always")
+    _zero_range(path, sector)
+    with walj.ToolJournal.open(path, sync="always") as journal:
+        (cut,) = journal.recovery.cuts
+        assert cut.records > 0 and not cut.explained
+        assert "synced" in (cut.reason or "")
+        assert [b.state for b in journal.recovery.blockers] == ["log_damage"]
+
+
+def test_a_hole_among_unsynced_llm_records_is_explained(tmp_path: Path) -> None:
+    """The same hole with sync="never": the LLM records after the last durable record were never
+    synced before a later record was written, so a power cut among them explains the hole (the
+    close synced them, but nothing written after it says so)."""
+    path = tmp_path / "j"
+    sector = _llm_calls_after_a_turn(path, "never")
+    _zero_range(path, sector)
+    with walj.ToolJournal.open(path, sync="never") as journal:
+        (cut,) = journal.recovery.cuts
+        assert cut.records > 0 and cut.explained, cut.reason
+        assert not journal.recovery.blocked
+
+
+def _zero_range(path: Path, start: int, length: int = 512) -> None:
+    seg = segments(path)[-1]
+    data = bytearray(seg.read_bytes())
+    data[start : start + length] = bytes(length)
+    seg.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("synced,explained", [(1, True), (2, False), (3, False), (-1, False),
+                                               ("2", False), (1.5, False), (True, False),
+                                               (None, False), (10**30, False)])
+def test_a_cut_record_whose_synced_through_is_not_a_seq_before_the_cut_blocks(
+        tmp_path: Path, synced: Any, explained: bool) -> None:
+    """Hostile input: a record after a hole explains the hole only when its synced_through is a
+    seq that lies before the cut (here 1, the record left in the log). One that names the
+    destroyed record or its own, or is not a seq at all, is no proof that a crash did it."""
+    path = tmp_path / "j"
+    at = {"version": rc.CONTRACT_VERSION, "at": 1.0}
+    with walj.Log.open(path, sync="never") as log:
+        log.append({"kind": "turn_started", **at, "turn_sequence": 1})
+        log.append({"kind": "llm_call_started", **at, "llm_call_id": "a" * 32,
+                    "turn_sequence": 1, "model": "m"})
+        log.append({"kind": "llm_call_finished", **at, "llm_call_id": "a" * 32,
+                    "outcome": "ok", "synced_through": synced})
+    seg = segments(path)[-1]
+    data = seg.read_bytes()
+    hole = data.index(b'"kind":"llm_call_started"')
+    start = data.rindex(b"\n", 0, hole) + 1
+    end = data.index(b"\n", hole)
+    seg.write_bytes(data[:start] + bytes(end - start) + data[end:])  # all but its newline
+    with walj.ToolJournal.open(path) as journal:
+        (cut,) = journal.recovery.cuts
+        assert cut.records == 1
+        assert cut.explained is explained, cut.reason
+        assert journal.recovery.blocked is not explained
+        if not explained:
+            assert "synced_through" in (cut.reason or "") or "synced every record" in (
+                cut.reason or "")

@@ -114,7 +114,7 @@ def _covered(seq: int, kind: str, record: Mapping[str, Any], first: int) -> str 
     if r.SYNCED_THROUGH not in record:
         return None
     synced = record[r.SYNCED_THROUGH]
-    if type(synced) is not int:
+    if type(synced) is not int or synced < 0:
         return (f"record {seq} ({kind}) among the cut bytes has {r.SYNCED_THROUGH} "
                 f"{show(synced)}, not a seq: what it vouches for cannot be read")
     if synced < first:
