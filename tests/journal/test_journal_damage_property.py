@@ -225,6 +225,6 @@ def check_history(tmp: Path, name: str, mode: str) -> int:
 @pytest.mark.parametrize("mode", MODES)
 def test_damage_before_the_last_synced_byte_blocks_and_runs_nothing_again(
         tmp_path_factory: pytest.TempPathFactory, mode: str) -> None:
-    for i in range(scaled(3)):
+    for i in range(scaled(2)):
         checked = check_history(tmp_path_factory.mktemp("h"), f"damage-property-{mode}-{i}", mode)
         assert checked > 0, "every history has a synced record to damage"
