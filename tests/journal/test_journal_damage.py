@@ -15,7 +15,7 @@ import pytest
 import walj
 from tests.cli_helpers import walj_cli
 from tests.helpers import segments
-from tests.journal_helpers import Recorder, kinds
+from tests.journal_helpers import Recorder, kinds, records
 from walj.journal import _records as rc
 
 
@@ -405,3 +405,42 @@ def test_a_cut_record_whose_synced_through_is_not_a_seq_before_the_cut_blocks(
         if not explained:
             assert "synced_through" in (cut.reason or "") or "synced every record" in (
                 cut.reason or "")
+
+
+def test_a_destroyed_intent_is_damage_to_inspect_before_any_journal_records_the_cut(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same sector, cut by a plain Log.open: `walj inspect` classifies the cut no journal
+    has recorded yet by the same rule, and a journal opened later records it as damage."""
+    path = tmp_path / "j"
+    offset = _turn_at_a_sector(path, monkeypatch, Recorder())
+    _zero_range(path, offset)
+    with walj.Log.open(path) as log:
+        assert log.torn_tail is not None and log.torn_tail.offset == offset
+    inspect = walj_cli("inspect", path, "--json")
+    assert inspect.code == 1
+    assert [b["state"] for b in inspect.json()["blockers"]] == ["log_damage"]
+    with walj.ToolJournal.open(path) as journal:
+        (cut,) = journal.recovery.cuts
+        assert not cut.explained and "intent" in (cut.reason or "")
+
+
+def test_synced_through_counts_only_the_writing_process_s_own_syncs(tmp_path: Path) -> None:
+    """A reopened journal does not vouch for what it found on open (a writer killed before its
+    sync may have left that only in the page cache): its records say synced_through only once
+    its own log has synced, and then name the last seq that sync covered."""
+    path = tmp_path / "j"
+    with walj.ToolJournal.open(path, tools={"t": Recorder()}, sync="never") as journal:
+        with journal.turn() as turn:
+            turn.dispatch("t", {})
+    found = len(records(path))
+    with walj.ToolJournal.open(path, tools={"t": Recorder()}, sync="never") as journal:
+        with journal.llm_call(model="m", request={}) as call:  # written in the log's mode
+            call.finish({})
+        with journal.turn() as turn:
+            turn.dispatch("t", {})  # the intent is synced before the handler runs
+    later = records(path)[found:]
+    assert [r["kind"] for r in later] == [
+        "llm_call_started", "llm_call_finished", "turn_started", "tool_execution_started",
+        "tool_execution_finished", "turn_completed"]
+    assert [r.get(rc.SYNCED_THROUGH) for r in later] == [None, None, None, None,
+                                                        found + 4, found + 5]
