@@ -258,7 +258,7 @@ def test_an_unreadable_log_cut_record_fails_closed(tmp_path: Path, field: str,
 
 
 class _LeftTurn(Exception):
-    """The agent's code raised after its tool call returned: the turn is left uncompleted."""
+    """The caller's code raised after its tool call returned: the turn is left uncompleted."""
 
 
 def _turn_at_a_sector(path: Path, monkeypatch: pytest.MonkeyPatch, sent: Recorder) -> int:

@@ -41,7 +41,7 @@ _RECORD_LINE = re.compile(rb'\{"xxh64":"[0-9a-f]{16}","seq":([0-9]+),')
 
 
 class LeftTurn(Exception):
-    """The agent's code raised inside a turn: it is left without turn_completed."""
+    """The caller's code raised inside a turn: it is left without turn_completed."""
 
 
 @dataclass
