@@ -33,6 +33,11 @@ if mode == "build":
 import walj
 def noop(**kw): return None
 if mode == "build":
+    try:  # one record time for all: a record's size must not depend on the clock's digits
+        import walj.journal._writes as writes
+        writes.now = lambda: 1796193983.125
+    except ImportError:
+        pass  # a commit from before records were built there
     def fill(path, turns):
         with walj.ToolJournal.open(path, tools={"noop": noop}, sync="never") as j:
             for t in range(turns):

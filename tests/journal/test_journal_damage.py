@@ -5,6 +5,8 @@ and does not block."""
 from __future__ import annotations
 
 import json
+import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,7 @@ import pytest
 import walj
 from tests.cli_helpers import walj_cli
 from tests.helpers import segments
-from tests.journal_helpers import Recorder, kinds
+from tests.journal_helpers import Recorder, kinds, records
 from walj.journal import _records as rc
 
 
@@ -253,3 +255,192 @@ def test_an_unreadable_log_cut_record_fails_closed(tmp_path: Path, field: str,
         log.append(record)
     with pytest.raises(walj.CorruptionError):
         walj.ToolJournal.open(path)
+
+
+class _LeftTurn(Exception):
+    """The caller's code raised after its tool call returned: the turn is left uncompleted."""
+
+
+def _turn_at_a_sector(path: Path, monkeypatch: pytest.MonkeyPatch, sent: Recorder) -> int:
+    """A journal (sync="always") with a completed turn, then a later turn whose call c2 was
+    acknowledged (durable intent, durable terminal) and which was left by an exception, so the
+    terminal is the last record. The first turn's arguments are padded until the later turn's
+    turn_started line begins a 512-byte sector; its offset is returned."""
+    monkeypatch.setattr("walj.journal._writes.now", lambda: 1796193983.5)  # fixed line lengths
+    pad = target = 0
+    for _ in range(8):
+        with walj.ToolJournal.open(path, tools={"send_email": sent}, sync="always") as journal:
+            with journal.turn() as turn:
+                turn.dispatch("send_email", {"to": "ann@example.com", "pad": "p" * pad},
+                              call_id="c1")
+            try:
+                with journal.turn() as turn:
+                    turn.dispatch("send_email", {"to": "bob@example.com", "body": "b" * 80},
+                                  call_id="c2")
+                    raise _LeftTurn
+            except _LeftTurn:
+                pass
+        offset = _turn_offset(path, 2)
+        if offset % 512 == 0:
+            return offset
+        target = target or -(-offset // 512) * 512
+        pad += target - offset
+        shutil.rmtree(path)
+        sent.calls.clear()
+    raise AssertionError("the later turn never began a sector")
+
+
+def test_a_zeroed_sector_that_destroys_an_intent_blocks(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sector where the later turn begins is zeroed: turn_started and most of c2's intent.
+    The only line that survives in the cut is c2's terminal record, the last thing written.
+    Before: it passed as a record that may have died in its own sync, the cut was explained,
+    the journal reopened unblocked and c2 ran again. The terminal proves its intent was
+    durable, and that intent is gone: damage."""
+    path = tmp_path / "j"
+    sent = Recorder()
+    offset = _turn_at_a_sector(path, monkeypatch, sent)
+    assert [c["to"] for c in sent.calls] == ["ann@example.com", "bob@example.com"]
+    seg = segments(path)[-1]
+    data = bytearray(seg.read_bytes())
+    intent = data.index(b'"call_id":"c2"')
+    intent_end = data.index(b"\n", intent) + 1
+    assert offset + 512 < intent_end < len(data)  # most of the intent, not its terminal
+    data[offset : offset + 512] = bytes(512)
+    seg.write_bytes(bytes(data))
+
+    again = Recorder()
+    with walj.ToolJournal.open(path, tools={"send_email": again}, sync="always") as journal:
+        rec = journal.recovery
+        (cut,) = rec.cuts
+        assert cut.records == 1 and cut.offset == offset
+        assert not cut.explained and "intent" in (cut.reason or "")
+        assert [b.state for b in rec.blockers] == ["log_damage"]
+        with journal.turn() as turn:
+            result = turn.dispatch("send_email", {"to": "bob@example.com", "body": "b" * 80},
+                                   call_id="c2")
+        assert result.outcome == "blocked"
+    assert again.calls == []
+
+
+def _llm_calls_after_a_turn(path: Path, sync: str) -> int:
+    """A completed turn with one call, then eight LLM calls (records the journal writes in the
+    log's sync mode), then close. Returns an aligned sector lying among the LLM records, with
+    LLM records whole on both sides of it."""
+    with walj.ToolJournal.open(path, tools={"send_email": Recorder()}, sync=sync) as journal:
+        with journal.turn() as turn:
+            turn.dispatch("send_email", {"to": "ann@example.com"}, call_id="c1")
+        for i in range(8):
+            with journal.llm_call(model="m", request={"q": i}) as call:
+                call.finish({"a": i})
+    data = segments(path)[-1].read_bytes()
+    starts = [m.start() for m in re.finditer(rb"\{[^\n]*\"kind\":\"llm_call_started\"", data)]
+    sector = -(-starts[1] // 512) * 512
+    assert sector + 512 <= starts[-1]
+    return sector
+
+
+def test_a_zeroed_sector_among_synced_llm_records_blocks(tmp_path: Path) -> None:
+    """With sync="always" every record is synced before the next is written, LLM records too.
+    The journal cannot tell that from the records' kinds (it writes them in the log's mode),
+    but the records after the hole say through which seq the log was synced when they were
+    written, and that covers the records the hole destroyed."""
+    path = tmp_path / "j"
+    sector = _llm_calls_after_a_turn(path, "always")
+    _zero_range(path, sector)
+    with walj.ToolJournal.open(path, sync="always") as journal:
+        (cut,) = journal.recovery.cuts
+        assert cut.records > 0 and not cut.explained
+        assert "synced" in (cut.reason or "")
+        assert [b.state for b in journal.recovery.blockers] == ["log_damage"]
+
+
+def test_a_hole_among_unsynced_llm_records_is_explained(tmp_path: Path) -> None:
+    """The same hole with sync="never": the LLM records after the last durable record were never
+    synced before a later record was written, so a power cut among them explains the hole (the
+    close synced them, but nothing written after it says so)."""
+    path = tmp_path / "j"
+    sector = _llm_calls_after_a_turn(path, "never")
+    _zero_range(path, sector)
+    with walj.ToolJournal.open(path, sync="never") as journal:
+        (cut,) = journal.recovery.cuts
+        assert cut.records > 0 and cut.explained, cut.reason
+        assert not journal.recovery.blocked
+
+
+def _zero_range(path: Path, start: int, length: int = 512) -> None:
+    seg = segments(path)[-1]
+    data = bytearray(seg.read_bytes())
+    data[start : start + length] = bytes(length)
+    seg.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("synced,explained", [(1, True), (2, False), (3, False), (-1, False),
+                                               ("2", False), (1.5, False), (True, False),
+                                               (None, False), (10**30, False)])
+def test_a_cut_record_whose_synced_through_is_not_a_seq_before_the_cut_blocks(
+        tmp_path: Path, synced: Any, explained: bool) -> None:
+    """Hostile input: a record after a hole explains the hole only when its synced_through is a
+    seq that lies before the cut (here 1, the record left in the log). One that names the
+    destroyed record or its own, or is not a seq at all, is no proof that a crash did it."""
+    path = tmp_path / "j"
+    at = {"version": rc.CONTRACT_VERSION, "at": 1.0}
+    with walj.Log.open(path, sync="never") as log:
+        log.append({"kind": "turn_started", **at, "turn_sequence": 1})
+        log.append({"kind": "llm_call_started", **at, "llm_call_id": "a" * 32,
+                    "turn_sequence": 1, "model": "m"})
+        log.append({"kind": "llm_call_finished", **at, "llm_call_id": "a" * 32,
+                    "outcome": "ok", "synced_through": synced})
+    seg = segments(path)[-1]
+    data = seg.read_bytes()
+    hole = data.index(b'"kind":"llm_call_started"')
+    start = data.rindex(b"\n", 0, hole) + 1
+    end = data.index(b"\n", hole)
+    seg.write_bytes(data[:start] + bytes(end - start) + data[end:])  # all but its newline
+    with walj.ToolJournal.open(path) as journal:
+        (cut,) = journal.recovery.cuts
+        assert cut.records == 1
+        assert cut.explained is explained, cut.reason
+        assert journal.recovery.blocked is not explained
+        if not explained:
+            assert "synced_through" in (cut.reason or "") or "synced every record" in (
+                cut.reason or "")
+
+
+def test_a_destroyed_intent_is_damage_to_inspect_before_any_journal_records_the_cut(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same sector, cut by a plain Log.open: `walj inspect` classifies the cut no journal
+    has recorded yet by the same rule, and a journal opened later records it as damage."""
+    path = tmp_path / "j"
+    offset = _turn_at_a_sector(path, monkeypatch, Recorder())
+    _zero_range(path, offset)
+    with walj.Log.open(path) as log:
+        assert log.torn_tail is not None and log.torn_tail.offset == offset
+    inspect = walj_cli("inspect", path, "--json")
+    assert inspect.code == 1
+    assert [b["state"] for b in inspect.json()["blockers"]] == ["log_damage"]
+    with walj.ToolJournal.open(path) as journal:
+        (cut,) = journal.recovery.cuts
+        assert not cut.explained and "intent" in (cut.reason or "")
+
+
+def test_synced_through_counts_only_the_writing_process_s_own_syncs(tmp_path: Path) -> None:
+    """A reopened journal does not vouch for what it found on open (a writer killed before its
+    sync may have left that only in the page cache): its records say synced_through only once
+    its own log has synced, and then name the last seq that sync covered."""
+    path = tmp_path / "j"
+    with walj.ToolJournal.open(path, tools={"t": Recorder()}, sync="never") as journal:
+        with journal.turn() as turn:
+            turn.dispatch("t", {})
+    found = len(records(path))
+    with walj.ToolJournal.open(path, tools={"t": Recorder()}, sync="never") as journal:
+        with journal.llm_call(model="m", request={}) as call:  # written in the log's mode
+            call.finish({})
+        with journal.turn() as turn:
+            turn.dispatch("t", {})  # the intent is synced before the handler runs
+    later = records(path)[found:]
+    assert [r["kind"] for r in later] == [
+        "llm_call_started", "llm_call_finished", "turn_started", "tool_execution_started",
+        "tool_execution_finished", "turn_completed"]
+    assert [r.get(rc.SYNCED_THROUGH) for r in later] == [None, None, None, None,
+                                                        found + 4, found + 5]

@@ -53,6 +53,10 @@ class Core:
                  record_limit: int = 2**20, checkpoint_every: int | None = None) -> None:
         self.log = log
         self.log_id = log.log_id
+        # The log counts what it found on open as synced, though a writer killed before its
+        # sync may have left it only in the page cache: a record vouches for synced records
+        # (synced_through) only once this process has seen a sync.
+        self.synced_floor = log.last_seq
         self.state = state
         self.tools: Mapping[str, Tool] = tools
         self.arguments_chars = arguments_chars
@@ -162,6 +166,9 @@ class Core:
         files. `on_fed(seq)` runs under the state lock once the record is in the state."""
         with self.write_lock:
             refused_unwritten = self.log.poisoned  # then append writes nothing
+            synced = self.log.durable_seq
+            if synced > self.synced_floor:
+                record[rc.SYNCED_THROUGH] = synced
             try:
                 seq = self.log.append(record, durable=durable)
                 with self.lock:

@@ -48,6 +48,10 @@ REFUSED_ARGUMENTS_DIFFER = "arguments_differ"
 REFUSED_OUTPUT_NOT_STORED = "output_not_stored"
 REFUSED_OUTSIDE_WINDOW = "outside_replay_window"
 SESSION_ENDED = "session_ended"
+# Every record the journal writes once the log has synced something since it was opened: the
+# seq through which the log's records were synced when this record was written. Readers that
+# predate it ignore it; recovery uses it to tell damage to synced records from a crash.
+SYNCED_THROUGH = "synced_through"
 
 # The field that names what a record is about, by kind (turn records name a turn_sequence).
 SUBJECT = {

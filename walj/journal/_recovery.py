@@ -54,6 +54,8 @@ _QUOTE = ord('"')
 _CHECKPOINT_PREFIX = b'{"kind":"%s",' % r.CHECKPOINT.encode()
 # How many turn starts the state remembers, for compaction's keep_turns.
 MAX_KEEP_TURNS = 1000
+_SYNCED_FIELD = b',"%s":' % r.SYNCED_THROUGH.encode()  # after the time: see _core.write
+_JSON_INT = re.compile(rb"0|[1-9][0-9]*")
 _JSON_NUMBER = re.compile(rb"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 
 
@@ -77,7 +79,7 @@ class RecoveryState(RecoveryView):
         # opened with block_on_pending_llm_calls=True): they block whatever the reader asks.
         self.blocking_llm_calls: set[str] = set()
         self.resolutions: list[Resolution] = []
-        self.cuts = CutLedger(self.resolutions)  # what recovery cut, and what of it blocks
+        self.cuts = CutLedger(self.resolutions, self)  # what recovery cut, and what of it blocks
         self.max_turn = 0
         self.top: OpenTurn | None = None  # the latest unpaired turn start
         self.paired_turn: int | None = None  # the turn the last turn_completed completed
@@ -152,10 +154,12 @@ class RecoveryState(RecoveryView):
             comma = data.find(_TIME_FIELD, _TURN_NO, _TURN_NO + 24)
             digits = data[_TURN_NO:comma]
             if comma > _TURN_NO and digits.isdigit():
-                number = data[comma + len(_TIME_FIELD) : -1]
+                number, marked, synced = data[comma + len(_TIME_FIELD) : -1].partition(
+                    _SYNCED_FIELD)
                 # Only a plain finite JSON number: float() also takes NaN, inf and 1_0, which the
                 # general path refuses.
-                if _JSON_NUMBER.fullmatch(number) and math.isfinite(started_at := float(number)):
+                if (_JSON_NUMBER.fullmatch(number) and (not marked or _JSON_INT.fullmatch(synced))
+                        and math.isfinite(started_at := float(number))):
                     self.records += 1
                     self.last_seq = seq
                     self._open_turn(seq, int(digits), time_of(started_at))
