@@ -64,8 +64,11 @@ def documentation() -> str:
     urls += [str(info["Home-page"])] if info["Home-page"] else []
     if urls:
         return "documentation: " + ", ".join(url for url in urls if url)
-    readme = next((f for f in distribution.files or () if f.name == "METADATA"), None)
-    where = f":\n  {distribution.locate_file(readme)}" if readme is not None else ""
+    # METADATA in a wheel's dist-info; PKG-INFO in the egg-info an editable install leaves.
+    readme = next((f for f in distribution.files or () if f.name in ("METADATA", "PKG-INFO")),
+                  None)
+    where = (f":\n  {os.path.abspath(str(distribution.locate_file(readme)))}" if readme is not None
+             else "")
     return (f"documentation: the README installed with walj {info['Version']}, the description "
             f"in its package metadata{where}")
 
