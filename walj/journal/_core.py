@@ -69,7 +69,11 @@ class Core:
         self.before_turn: Callable[[], None] | None = None
         self.write_lock = threading.RLock()
         self.lock = threading.Lock()
-        self.resolve_lock = threading.Lock()
+        # Reentrant: applying a resolution request holds it around the resolution it makes.
+        self.resolve_lock = threading.RLock()
+        # Applies pending resolution requests (set by ToolJournal.open); run before every
+        # answer that depends on blockers. See _requests.pick_up.
+        self.pick_up: Callable[[], None] | None = None
         self.live: set[str] = set()  # executions whose handler may be running
         self.live_llm: set[str] = set()  # LLM calls in flight
         self.live_turn: TurnSlot | None = None
@@ -99,12 +103,21 @@ class Core:
             "block_on_pending_llm_calls": self.block_on_pending_llm_calls,
         }
 
+    def take_requests(self) -> None:
+        """Apply resolution requests other processes left, before answering from the state.
+        Never with write_lock held by this thread (the lock order is resolve_lock first)."""
+        pick_up = self.pick_up
+        if pick_up is not None and not self.closed:
+            pick_up()
+
     def snapshot(self) -> Recovery:
+        self.take_requests()
         with self.lock:
             return self.state.snapshot(**self.live_view())
 
     def is_blocked(self) -> bool:
         """True while dispatch would refuse: blockers, or a log that can no longer write."""
+        self.take_requests()
         if self.log.poisoned or self.unknown_state is not None:
             return True
         with self.lock:
@@ -264,6 +277,7 @@ class Core:
             else:  # its caller gave up while the intent was written: settle it at once
                 self._settlements.append((execution_id, abandoned))
 
+        self.take_requests()
         with self.write_lock:
             try:
                 with self.lock:
@@ -350,6 +364,7 @@ class Core:
     def start_turn(self, turn: TurnSlot) -> int:
         """Make `turn` the live turn and write turn_started. The number and the record are
         taken under write_lock, so a turn abandoned mid-write can never share its number."""
+        self.take_requests()
         with self.write_lock:
             self.check_not_ended()
             if self.live_turn is None and self.before_turn is not None:

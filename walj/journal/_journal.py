@@ -12,7 +12,7 @@ from types import MappingProxyType, TracebackType
 from typing import Any
 
 from ..errors import UnknownToolError, WaljError
-from . import _compact, _resolve
+from . import _compact, _requests, _resolve
 from ._callindex import DEFAULT_REPLAY_WINDOW
 from ._compact import CompactReport
 from ._core import Core
@@ -124,6 +124,7 @@ class ToolJournal:
             if log_options.get("recovery") != "salvage":
                 core.record_cuts()
                 _resolve.settle_automatically(core)
+                _requests.watch(core)  # what other processes asked while none held it
             return cls(core)
         except BaseException:
             try:

@@ -1,0 +1,214 @@
+"""Applying resolution requests: a live journal answers each request another process left in
+its log directory with one durable record (the resolution, or resolution_refused), and only
+then has the request file removed. docs/RECOVERY.md, "Live resolution".
+
+Exactly once: the answer carries the request id, the recovery state remembers answered ids (and
+checkpoints carry them), so a request file found again after a crash between its answer and
+its removal is only removed. A request is checked exactly as ToolJournal.resolve checks its
+arguments; what fails is refused durably, and changes nothing else. No handler ever runs here.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import weakref
+from typing import Any
+
+from ..errors import RecordTooLargeError, ResolutionError, SerializationError, WaljError
+from ..log import (
+    PICK_UP_LIMIT,
+    MalformedRequestError,
+    RequestWatch,
+    load_request,
+    pending_requests,
+    remove_request,
+)
+from . import _resolve, _writes
+from ._core import Core
+
+RESOLVE = "resolve"  # an execution, a pending LLM call, or a log cut (ToolJournal.resolve)
+RESOLVE_TURN = "resolve_turn"  # an interrupted turn (ToolJournal.resolve_turn)
+REQUEST_KINDS = (RESOLVE, RESOLVE_TURN)
+# The longest text of a hostile field a refusal record repeats.
+_SHOWN_CHARS = 200
+# How often the process-wide watcher looks at each open journal, in seconds.
+WATCH_INTERVAL = 1.0
+
+
+def request_fields(kind: str, target: Any, outcome: str | None, note: str | None,
+                   actor: str, at: float) -> dict[str, Any]:
+    """What a request file holds besides its id (docs/FORMAT.md, "Request files")."""
+    return {"kind": kind, "target": target, "outcome": outcome, "note": note, "actor": actor,
+            "at": at}
+
+
+class Picker:
+    """One journal's request pick-up: the cheap test, and the apply under the journal's
+    locks. A pick-up that finds the locks taken (from the watcher thread) tries again at the
+    next check; one made before an answer (`blocking`) waits for them."""
+
+    def __init__(self, core: Core) -> None:
+        self.core = core
+        self.path = os.fspath(core.log.path)
+        self.watch = RequestWatch(self.path)
+        self._busy = threading.local()
+
+    def __call__(self) -> None:
+        self.pick_up(blocking=True)
+
+    def pick_up(self, *, blocking: bool, force: bool = False) -> int:
+        """Apply what requests are pending; the number answered. Errors that stop an apply (a
+        log that can no longer write) leave the request for a later pick-up, and are raised
+        only to no one: the journal's own answers (blocked, poisoned) say the rest."""
+        core = self.core
+        if getattr(self._busy, "on", False) or core.closed:
+            return 0  # an observer of a resolution made here asked again: it is being made
+        if not (self.watch.due() or force):
+            return 0
+        ids = pending_requests(self.path)
+        if not ids:
+            return 0
+        if not core.resolve_lock.acquire(blocking=blocking):
+            self.watch.retry()
+            return 0
+        answered = 0
+        try:
+            self._busy.on = True
+            if not core.write_lock.acquire(blocking=blocking):
+                self.watch.retry()
+                return 0
+            try:
+                for request_id in ids:
+                    if core.closed or core.unknown_state is not None or core.log.poisoned:
+                        break
+                    answered += self._apply(request_id)
+            finally:
+                core.write_lock.release()
+        except WaljError:
+            self.watch.retry()  # the request stays; the journal refuses work on its own
+        finally:
+            self._busy.on = False
+            core.resolve_lock.release()
+        if len(ids) == PICK_UP_LIMIT:
+            self.watch.retry()  # more may wait
+        return answered
+
+    def _apply(self, request_id: str) -> int:
+        """With both locks held: answer one request durably, then remove its file."""
+        core = self.core
+        if request_id in core.state.requests:
+            remove_request(self.path, request_id)  # answered before a crash; only its file stayed
+            return 0
+        try:
+            fields = load_request(self.path, request_id)
+        except MalformedRequestError as exc:
+            self._refuse(request_id, {}, exc.reason, str(exc))
+            remove_request(self.path, request_id)
+            return 1
+        if fields is None:
+            return 0  # gone meanwhile
+        try:
+            _answer(core, request_id, fields)
+        except ResolutionError as exc:
+            self._refuse(request_id, fields, exc.reason or "refused", str(exc))
+        except (SerializationError, RecordTooLargeError) as exc:  # refused before writing
+            self._refuse(request_id, fields, "not_storable", str(exc))
+        remove_request(self.path, request_id)
+        return 1
+
+    def _refuse(self, request_id: str, fields: dict[str, Any], reason: str, error: str) -> None:
+        record = _writes.request_refused(
+            request_id, _shown(fields.get("kind")), _shown(fields.get("target")),
+            _shown(fields.get("actor")), reason, _shown(error) or "refused")
+        self.core.write(record, durable=True)
+
+
+def _answer(core: Core, request_id: str, fields: dict[str, Any]) -> None:
+    """Make the resolution a request asks for, as ToolJournal.resolve would (same checks),
+    its record carrying the request id and time. ResolutionError when it is refused."""
+    kind, at = fields.get("kind"), fields.get("at")
+    if not isinstance(at, (int, float)) or isinstance(at, bool) or not math.isfinite(at) or at < 0:
+        raise ResolutionError(f"the request's time {_shown(at)!r} is not a time",
+                              reason="malformed")
+    request = (request_id, round(float(at), 3))
+    note, actor, target = fields.get("note"), fields.get("actor"), fields.get("target")
+    if kind == RESOLVE:
+        _resolve.resolve(core, target, fields.get("outcome"), note=note, actor=actor,
+                         output=None, request=request)
+    elif kind == RESOLVE_TURN:
+        _resolve.resolve_turn(core, target, note=note, actor=actor, request=request)
+    else:
+        raise ResolutionError(f"request kind {_shown(kind)!r} is not one this walj applies "
+                              f"({', '.join(REQUEST_KINDS)})", reason="unknown_kind")
+
+
+def _shown(value: Any) -> Any:
+    """A hostile field as a refusal record repeats it: a string (cut short, always valid
+    UTF-8) or an int as given, anything else as None."""
+    if type(value) is int:
+        return value
+    if not isinstance(value, str):
+        return None
+    text = value[:_SHOWN_CHARS]
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
+# --- the watcher --------------------------------------------------------------------------------
+
+
+class _Watcher:
+    """One daemon thread for the whole process (a server may hold thousands of journals): about
+    once a second, each open journal's cheap test, and a pick-up that never waits for a busy
+    journal's locks."""
+
+    def __init__(self) -> None:
+        self.pickers: weakref.WeakSet[Picker] = weakref.WeakSet()
+        self.guard = threading.Lock()
+        self.thread: threading.Thread | None = None
+        self.wake = threading.Event()
+
+    def add(self, picker: Picker) -> None:
+        with self.guard:
+            self.pickers.add(picker)
+            if self.thread is None or not self.thread.is_alive():
+                self.thread = threading.Thread(target=self._run, name="walj-requests",
+                                               daemon=True)
+                self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            self.wake.wait(WATCH_INTERVAL)
+            with self.guard:
+                pickers = list(self.pickers)
+            for picker in pickers:
+                if picker.core.closed:
+                    with self.guard:
+                        self.pickers.discard(picker)
+                    continue
+                try:
+                    picker.pick_up(blocking=False)
+                except Exception:  # noqa: S112 - one journal's trouble must not stop the others
+                    continue
+            del pickers
+
+    def forget(self) -> None:
+        """In a forked child: the parent's thread does not run here."""
+        self.guard = threading.Lock()
+        self.thread = None
+        self.pickers = weakref.WeakSet()
+
+
+_watcher = _Watcher()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_watcher.forget)
+
+
+def watch(core: Core) -> None:
+    """Make `core` take resolution requests: before each answer that depends on blockers, and
+    from the process-wide watcher while idle. Applies what is pending now (an open)."""
+    picker = Picker(core)
+    core.pick_up = picker
+    picker.pick_up(blocking=True, force=True)
+    _watcher.add(picker)
