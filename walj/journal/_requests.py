@@ -60,40 +60,50 @@ class Picker:
 
     def pick_up(self, *, blocking: bool, force: bool = False) -> int:
         """Apply what requests are pending; the number answered. Errors that stop an apply (a
-        log that can no longer write) leave the request for a later pick-up, and are raised
-        only to no one: the journal's own answers (blocked, poisoned) say the rest."""
+        log that can no longer write, a `requests/` that cannot be listed) leave the request
+        for a later pick-up, and are raised to no one: the journal's own answers (blocked,
+        poisoned) say the rest. After an interrupt or an error the next check looks again."""
         core = self.core
         if getattr(self._busy, "on", False) or core.closed:
             return 0  # an observer of a resolution made here asked again: it is being made
-        if not (self.watch.due() or force):
+        finished = False
+        try:
+            answered = self._take(blocking) if force or self.watch.due() else 0
+            finished = True
+            return answered
+        except (WaljError, OSError):
             return 0
+        finally:
+            if not finished:
+                self.watch.retry()
+
+    def _take(self, blocking: bool) -> int:
+        core = self.core
         ids = pending_requests(self.path)
         if not ids:
             return 0
+        if len(ids) == PICK_UP_LIMIT:
+            self.watch.retry()  # more may wait
         if not core.resolve_lock.acquire(blocking=blocking):
             self.watch.retry()
             return 0
-        answered = 0
         try:
             self._busy.on = True
             if not core.write_lock.acquire(blocking=blocking):
                 self.watch.retry()
                 return 0
             try:
+                answered = 0
                 for request_id in ids:
                     if core.closed or core.unknown_state is not None or core.log.poisoned:
                         break
                     answered += self._apply(request_id)
+                return answered
             finally:
                 core.write_lock.release()
-        except WaljError:
-            self.watch.retry()  # the request stays; the journal refuses work on its own
         finally:
             self._busy.on = False
             core.resolve_lock.release()
-        if len(ids) == PICK_UP_LIMIT:
-            self.watch.retry()  # more may wait
-        return answered
 
     def _apply(self, request_id: str) -> int:
         """With both locks held: answer one request durably, then remove its file."""
