@@ -119,6 +119,7 @@ from .journal import (  # noqa: E402
     ToolObserver,
     ToolResult,
     handle_function_calls,
+    request_release,
     resolve_session,
     resolve_session_turn,
 )
@@ -146,6 +147,7 @@ __all__ += [
     "TurnError",
     "UnknownToolError",
     "handle_function_calls",
+    "request_release",
     "resolve_session",
     "resolve_session_turn",
 ]

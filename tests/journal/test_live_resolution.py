@@ -358,3 +358,117 @@ def test_a_request_queued_when_the_writer_dies_is_applied_by_the_asker(tmp_path:
         holder.wait()
     assert done.status == "applied" and done.request_id is not None
     assert len(answers(path, done.request_id)) == 1 and pending(path) == []
+
+
+# --- release ------------------------------------------------------------------------------------
+
+RELEASING = textwrap.dedent("""
+    import sys, walj
+    journal = walj.ToolJournal.open(sys.argv[1], release_on_request=sys.argv[2] == "yes")
+    print("ready", flush=True)
+    turn = None
+    for line in sys.stdin:
+        command = line.strip()
+        try:
+            if command == "enter":
+                turn = journal.turn()
+                turn.__enter__()
+            elif command == "exit":
+                turn.__exit__(None, None, None)
+            elif command == "blocked":
+                journal.is_blocked()
+            print(f"ok closed={journal.closed}", flush=True)
+        except walj.ClosedError:
+            print("closed", flush=True)
+""")
+
+
+class Releasing:
+    """A child holding the journal, taking one command per line."""
+
+    def __init__(self, path: Path, enabled: bool) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", RELEASING, str(path), "yes" if enabled else "no"], env=ENV,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self.process.stdout is not None
+        assert self.process.stdout.readline().strip() == "ready"
+
+    def say(self, command: str) -> str:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(command + "\n")
+        self.process.stdin.flush()
+        return self.process.stdout.readline().strip()
+
+    def stop(self) -> None:
+        self.process.kill()
+        self.process.wait()
+
+
+def test_a_release_closes_an_idle_holder_and_frees_the_lock(tmp_path: Path) -> None:
+    path = tmp_path / "j"
+    eid = blocked_journal(path)
+    holder = Releasing(path, enabled=True)
+    try:
+        assert holder.say("enter") == "ok closed=False"  # a live turn: not idle
+        busy = walj.request_release(path, actor="langgraph-worker-2", wait=1.5)
+        assert busy.status == "queued" and busy.request_id is not None
+        assert holder.say("exit") == "ok closed=False"
+        deadline = time.monotonic() + 10  # idle now: its watcher releases it
+        while not answers(path, busy.request_id) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (record,) = answers(path, busy.request_id)
+        assert record["kind"] == "journal_released" and record["actor"] == "langgraph-worker-2"
+        # Closed right after its record (the lock is free once request_release says applied).
+        while holder.say("blocked") != "ok closed=True" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert holder.say("enter") == "closed"  # new work: ClosedError
+        # The lock is free: this process opens the session and settles it.
+        with walj.ToolJournal.open(path) as journal:
+            journal.resolve(eid, "succeeded", note="seen", actor="ann")
+        assert holder.process.poll() is None
+    finally:
+        holder.stop()
+    assert pending(path) == [] and not replayed(path).blocked
+
+
+def test_request_release_says_applied_once_the_lock_is_free(tmp_path: Path) -> None:
+    path = tmp_path / "j"
+    blocked_journal(path)
+    holder = Releasing(path, enabled=True)
+    try:
+        done = walj.request_release(path, actor="worker", note="my turn")
+        assert done.status == "applied" and done.request_id is not None
+        with walj.ToolJournal.open(path) as journal:  # no wait for the lock
+            assert journal.is_blocked()
+        assert holder.say("enter") == "closed"
+    finally:
+        holder.stop()
+    (record,) = answers(path, done.request_id)
+    assert record["kind"] == "journal_released" and record["note"] == "my turn"
+
+
+def test_a_release_is_refused_by_a_holder_that_does_not_take_them(tmp_path: Path) -> None:
+    path = tmp_path / "j"
+    blocked_journal(path)
+    holder = Releasing(path, enabled=False)
+    try:
+        done = walj.request_release(path, actor="worker", note="need it")
+        assert done.status == "refused" and done.reason == "release_not_enabled"
+        assert holder.say("blocked") == "ok closed=False"
+        with pytest.raises(ResolutionError):
+            walj.request_release(path, actor="policy")
+    finally:
+        holder.stop()
+    free = walj.request_release(path, actor="worker")  # no holder now: free at once
+    assert free.status == "applied" and free.request_id is None
+    assert pending(path) == []
+
+
+def test_a_release_left_for_a_holder_that_went_away_is_refused_on_open(tmp_path: Path) -> None:
+    path = tmp_path / "j"
+    blocked_journal(path)
+    request_id = post_request(path, request_fields("release", None, None, None, "worker", 1.0))
+    with walj.ToolJournal.open(path, release_on_request=True) as journal:
+        assert not journal.closed  # a new holder does not close on an old request
+    (record,) = answers(path, request_id)
+    assert record["kind"] == "resolution_refused" and record["reason"] == "not_held"

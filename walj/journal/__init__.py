@@ -35,10 +35,15 @@ from ._compact import CompactReport
 from ._journal import ToolJournal, handle_function_calls
 from ._observe import ExecutionEnd, ToolObserver
 from ._records import Blocker, Cut, IncompleteTurn, PendingLLMCall, Recovery, Resolution
-from ._session_resolve import SessionResolution, resolve_session, resolve_session_turn
+from ._session_resolve import (
+    SessionResolution,
+    request_release,
+    resolve_session,
+    resolve_session_turn,
+)
 from ._tools import Tool, ToolContext, ToolResult
 
 __all__ = ["Blocker", "CompactReport", "Cut", "ExecutionEnd", "IncompleteTurn", "PendingLLMCall",
            "Recovery", "Resolution", "SessionResolution", "Tool", "ToolContext", "ToolJournal",
-           "ToolObserver", "ToolResult", "handle_function_calls", "resolve_session",
-           "resolve_session_turn"]
+           "ToolObserver", "ToolResult", "handle_function_calls", "request_release",
+           "resolve_session", "resolve_session_turn"]

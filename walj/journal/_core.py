@@ -74,6 +74,8 @@ class Core:
         # Applies pending resolution requests (set by ToolJournal.open); run before every
         # answer that depends on blockers. See _requests.pick_up.
         self.pick_up: Callable[[], None] | None = None
+        # Whether a `release` request from another process closes this journal when idle.
+        self.release_on_request = False
         self.live: set[str] = set()  # executions whose handler may be running
         self.live_llm: set[str] = set()  # LLM calls in flight
         self.live_turn: TurnSlot | None = None
@@ -130,6 +132,12 @@ class Core:
             if self.state.is_blocked(**self.live_view()):
                 blockers = self.state.snapshot(**self.live_view()).blockers
         return blockers
+
+    def idle(self) -> bool:
+        """With write_lock held: no turn, execution or LLM call is live or beginning."""
+        with self.lock:
+            return not (self.live_turn is not None or self.live or self.live_llm
+                        or self._beginning or self._reserved or self._settlements)
 
     def check_open(self) -> None:
         if self.closed:

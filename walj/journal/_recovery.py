@@ -104,7 +104,7 @@ class RecoveryState(RecoveryView):
             r.LOG_CUT_RESOLVED: self._cut_resolved, r.REPLAYED: self._ignore,
             r.REFUSED: self._ignore, r.SESSION_NAMED: self._session_named,
             r.SESSION_ENDED: self._session_ended, r.CHECKPOINT: self._checkpoint,
-            r.REQUEST_REFUSED: self._ignore,
+            r.REQUEST_REFUSED: self._ignore, r.RELEASED: self._ignore,
         }
 
     # --- feeding --------------------------------------------------------------------------------

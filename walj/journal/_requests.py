@@ -30,7 +30,10 @@ from ._core import Core
 
 RESOLVE = "resolve"  # an execution, a pending LLM call, or a log cut (ToolJournal.resolve)
 RESOLVE_TURN = "resolve_turn"  # an interrupted turn (ToolJournal.resolve_turn)
-REQUEST_KINDS = (RESOLVE, RESOLVE_TURN)
+RELEASE = "release"  # close the journal when idle (ToolJournal.open(release_on_request=True))
+REQUEST_KINDS = (RESOLVE, RESOLVE_TURN, RELEASE)
+# When a pick-up runs: opening the journal, before an answer, or from the idle watcher.
+ON_OPEN, BEFORE_ANSWER, WHILE_IDLE = "open", "answer", "idle"
 # The longest text of a hostile field a refusal record repeats.
 _SHOWN_CHARS = 200
 # How often the process-wide watcher looks at each open journal, in seconds.
@@ -68,7 +71,8 @@ class Picker:
             return 0  # an observer of a resolution made here asked again: it is being made
         finished = False
         try:
-            answered = self._take(blocking) if force or self.watch.due() else 0
+            moment = ON_OPEN if force else BEFORE_ANSWER if blocking else WHILE_IDLE
+            answered = self._take(blocking, moment) if force or self.watch.due() else 0
             finished = True
             return answered
         except (WaljError, OSError):
@@ -77,7 +81,7 @@ class Picker:
             if not finished:
                 self.watch.retry()
 
-    def _take(self, blocking: bool) -> int:
+    def _take(self, blocking: bool, moment: str) -> int:
         core = self.core
         ids = pending_requests(self.path)
         if not ids:
@@ -97,7 +101,7 @@ class Picker:
                 for request_id in ids:
                     if core.closed or core.unknown_state is not None or core.log.poisoned:
                         break
-                    answered += self._apply(request_id)
+                    answered += self._apply(request_id, moment)
                 return answered
             finally:
                 core.write_lock.release()
@@ -105,7 +109,7 @@ class Picker:
             self._busy.on = False
             core.resolve_lock.release()
 
-    def _apply(self, request_id: str) -> int:
+    def _apply(self, request_id: str, moment: str) -> int:
         """With both locks held: answer one request durably, then remove its file."""
         core = self.core
         if request_id in core.state.requests:
@@ -120,12 +124,36 @@ class Picker:
         if fields is None:
             return 0  # gone meanwhile
         try:
+            if fields.get("kind") == RELEASE:
+                return self._release(request_id, fields, moment)
             _answer(core, request_id, fields)
         except ResolutionError as exc:
             self._refuse(request_id, fields, exc.reason or "refused", str(exc))
         except (SerializationError, RecordTooLargeError) as exc:  # refused before writing
             self._refuse(request_id, fields, "not_storable", str(exc))
         remove_request(self.path, request_id)
+        return 1
+
+    def _release(self, request_id: str, fields: dict[str, Any], moment: str) -> int:
+        """A release: refused (ResolutionError) unless this journal takes releases and another
+        process held it; applied only at an idle moment (else left for the watcher): the
+        record, the file removed, then the journal closed."""
+        core = self.core
+        actor, note = fields.get("actor"), fields.get("note")
+        _resolve.check_actor(actor)
+        _resolve.check_note(note)
+        if moment == ON_OPEN:
+            raise ResolutionError("no process held the journal: it was free when it was "
+                                  "opened", reason="not_held")
+        if not core.release_on_request:
+            raise ResolutionError("the journal was not opened with release_on_request=True",
+                                  reason="release_not_enabled")
+        if moment != WHILE_IDLE or not core.idle():
+            self.watch.retry()  # the watcher looks again in a second
+            return 0
+        core.write(_writes.released(request_id, str(actor), note), durable=True)
+        remove_request(self.path, request_id)
+        core.close()
         return 1
 
     def _refuse(self, request_id: str, fields: dict[str, Any], reason: str, error: str) -> None:

@@ -22,7 +22,7 @@ from . import _records as rc
 from ._damage import REVIEWED
 from ._records import Recovery, Resolution
 from ._recovery import RecoveryState
-from ._requests import RESOLVE, RESOLVE_TURN, request_fields
+from ._requests import RELEASE, RESOLVE, RESOLVE_TURN, request_fields
 from ._resolve import RESOLVE_OUTCOMES, check_actor, check_note
 from ._writes import now
 
@@ -88,6 +88,55 @@ def resolve_session_turn(path: str | os.PathLike[str], turn_sequence: int, *,
         raise ResolutionError(f"unknown turn {turn_sequence!r}", reason="unknown")
     return _ask(path, RESOLVE_TURN, turn_sequence, None, note, actor, wait,
                 lambda journal: journal.resolve_turn(turn_sequence, note=note, actor=actor))
+
+
+def request_release(path: str | os.PathLike[str], *, actor: str, note: str | None = None,
+                    wait: float = DEFAULT_WAIT) -> SessionResolution:
+    """Ask the process that holds the session in `path` to close its journal at its next idle
+    moment (it must have opened it with release_on_request=True), so that this process can
+    open it. "applied" once the lock is free (released, or no process held it); "refused"
+    (`reason` release_not_enabled, ...) or "queued" (still busy, or not answering) otherwise.
+    The lock is not taken: open the journal next (another opener may still come first)."""
+    check_actor(actor)
+    check_note(note)
+    seconds = _wait_seconds(wait)
+    if not holds_log(path):
+        raise FileNotFoundError(f"{os.fspath(path)!r} holds no walj log")
+    if _free(path):
+        return SessionResolution(APPLIED)
+    next_seq = _end(path)
+    request_id = post_request(path, request_fields(RELEASE, None, None, note, actor, now()))
+    deadline = time.monotonic() + seconds
+    probe_at = time.monotonic() + _PROBE
+    while True:
+        found, next_seq = _answer_of(path, request_id, next_seq)
+        if found is not None and found[1].get("kind") == rc.REQUEST_REFUSED:
+            return _outcome_of(path, request_id, *found)
+        if found is not None:  # released; the holder closes the log right after the record
+            while not _free(path) and time.monotonic() < deadline:
+                time.sleep(_POLL)
+            return SessionResolution(APPLIED, request_id=request_id)
+        if time.monotonic() >= deadline:
+            return SessionResolution(QUEUED, request_id=request_id)
+        if time.monotonic() >= probe_at:
+            probe_at = time.monotonic() + _PROBE
+            if _free(path):  # the holder went away: its opener refused the request as not_held
+                return SessionResolution(APPLIED, request_id=request_id)
+            continue
+        time.sleep(min(_POLL, max(0.0, deadline - time.monotonic())))
+
+
+def _free(path: str | os.PathLike[str]) -> bool:
+    """Whether no process holds the session: it was opened (answering what was pending), and
+    closed again."""
+    try:
+        journal = _open(path)
+    except WaljError:
+        return False
+    if journal is None:
+        return False
+    journal.close()
+    return True
 
 
 def _ask(path: str | os.PathLike[str], kind: str, target: Any, outcome: str | None,

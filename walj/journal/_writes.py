@@ -187,3 +187,9 @@ def request_refused(request_id: str, request_kind: Any, target: Any, actor: Any,
     return {"kind": rc.REQUEST_REFUSED, "version": rc.CONTRACT_VERSION, "request": request_id,
             "at": now(), "request_kind": request_kind, "target": target, "actor": actor,
             "reason": reason, "error": error}
+
+
+def released(request_id: str, actor: str, note: str | None) -> dict[str, Any]:
+    """journal_released: the writer closed the journal at another process's request."""
+    return {"kind": rc.RELEASED, "version": rc.CONTRACT_VERSION, "request": request_id,
+            "at": now(), "actor": actor, "note": note}
