@@ -246,3 +246,26 @@ def test_syscall_order_of_answering_a_request(tmp_path: Path) -> None:
     assert events[unlink + 1:unlink + 3] == [("openat", "DIR"), ("fsync", "DIR")], events
     (record,) = [r.data for r in walj.read(path) if r.data.get("request") == request_id]
     assert record["kind"] == "resolution_refused" and record["reason"] == "unknown"
+
+
+def test_temp_files_of_killed_posts_are_removed_once_stale(tmp_path: Path) -> None:
+    from walj.log import remove_stale_requests
+
+    path = _log(tmp_path)
+    requests = path / "requests"
+    requests.mkdir()
+    stale, fresh = requests / f".{'a' * 32}.tmp", requests / f".{'b' * 32}.tmp"
+    stray = requests / f".{'c' * 32}.tmp.keep"
+    for p in (stale, fresh, stray):
+        p.write_bytes(b"half a request")
+    old = time.time() - 7200
+    os.utime(stale, (old, old))
+    os.utime(stray, (old, old))
+    assert remove_stale_requests(path) == 1
+    assert sorted(p.name for p in requests.iterdir()) == sorted([fresh.name, stray.name])
+    os.utime(fresh, (old, old))
+    walj.ToolJournal.open(tmp_path / "j").close()
+    (tmp_path / "j" / "requests").mkdir()
+    shutil.copy2(fresh, tmp_path / "j" / "requests" / fresh.name)
+    walj.ToolJournal.open(tmp_path / "j").close()  # an open sweeps them
+    assert list((tmp_path / "j" / "requests").iterdir()) == []

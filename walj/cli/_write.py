@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 from typing import Any
 
 from ..errors import CorruptionError, LockedError, RecordTooLargeError, ResolutionError
@@ -35,6 +36,7 @@ from ._records import kind_of
 # --- resolve ---------------------------------------------------------------------------------
 
 _USAGE_REASONS = ("unknown", "bad_outcome", "bad_actor", "note_required")
+_WHOLE_ID = re.compile(r"[0-9a-f]{32}")  # an execution or LLM call id, given in full
 
 
 def _locked(path: str, exc: LockedError, what: str) -> CliError:
@@ -81,7 +83,9 @@ def _ask(args: argparse.Namespace) -> Any:
             done = resolve_session_turn(path, args.turn, note=args.note, actor=args.actor,
                                         wait=wait)
         else:
-            eid = _expand(args.execution_id, known_ids(path))
+            eid = args.execution_id
+            if len(eid) >= 6 and not _WHOLE_ID.fullmatch(eid):  # only a prefix reads the log
+                eid = _expand(eid, known_ids(path))
             done = resolve_session(path, eid, args.outcome, note=args.note, actor=args.actor,
                                    wait=wait)
     except ResolutionError as exc:

@@ -24,6 +24,7 @@ from ..log import (
     load_request,
     pending_requests,
     remove_request,
+    remove_stale_requests,
 )
 from . import _resolve, _writes
 from ._core import Core
@@ -248,5 +249,6 @@ def watch(core: Core) -> None:
     from the process-wide watcher while idle. Applies what is pending now (an open)."""
     picker = Picker(core)
     core.pick_up = picker
+    remove_stale_requests(picker.path)
     picker.pick_up(blocking=True, force=True)
     _watcher.add(picker)

@@ -41,8 +41,9 @@ from ._requests import load as load_request
 from ._requests import pending as pending_requests
 from ._requests import post as post_request
 from ._requests import remove as remove_request
+from ._requests import remove_stale as remove_stale_requests
 
 __all__ = ["BASE_NAME", "PICK_UP_LIMIT", "REQUESTS_DIR", "REQUEST_LIMIT", "Base", "CutLine", "Log",
            "MalformedRequestError", "Quarantined", "Record", "RequestWatch", "VerifyReport",
            "holds_log", "load_request", "pending_requests", "post_request", "read",
-           "remove_request", "verify"]
+           "remove_request", "remove_stale_requests", "verify"]

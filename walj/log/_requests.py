@@ -28,6 +28,9 @@ REQUEST_LIMIT = 64 * 1024  # bytes of one request file, its line and newline inc
 # How many request files one pick-up reads, so a flood cannot hold the writer for long.
 PICK_UP_LIMIT = 16
 _NAME = re.compile(r"^([0-9a-f]{32})\.req$")
+_TEMP = re.compile(r"^\.[0-9a-f]{32}\.tmp$")
+# A post's temp file this old belongs to an asker that was killed: no post takes so long.
+STALE_SECONDS = 3600.0
 _TAG = b'"request":'
 # Directory timestamps may be this coarse (seconds, in ns): a listing taken this soon after
 # the directory last changed may have missed a change that kept the same timestamp.
@@ -175,6 +178,26 @@ def remove(path: str | os.PathLike[str], request_id: str, *,
         fs.sync_dir(directory)
     except OSError:
         pass
+
+
+def remove_stale(path: str | os.PathLike[str], older_than: float = STALE_SECONDS, *,
+                 fs: FileSystem = DEFAULT_FS) -> int:
+    """Remove the temp files of posts that never finished (an asker killed mid-post), once
+    they are `older_than` seconds old; the number removed. Never raises OSError."""
+    directory = requests_dir(path)
+    removed = 0
+    try:
+        with os.scandir(directory) as entries:
+            stale = [e.name for e in entries if _TEMP.match(e.name)
+                     and e.stat(follow_symlinks=False).st_mtime < time.time() - older_than]
+        for name in stale:
+            fs.unlink(os.path.join(directory, name))
+            removed += 1
+        if removed:
+            fs.sync_dir(directory)
+    except OSError:
+        pass
+    return removed
 
 
 class RequestWatch:
