@@ -472,3 +472,35 @@ def test_a_release_left_for_a_holder_that_went_away_is_refused_on_open(tmp_path:
         assert not journal.closed  # a new holder does not close on an old request
     (record,) = answers(path, request_id)
     assert record["kind"] == "resolution_refused" and record["reason"] == "not_held"
+
+
+def test_a_log_cut_of_a_live_writer_is_resolved_by_request(tmp_path: Path) -> None:
+    """Damage no crash explains (a zeroed sector among synced turns) blocks as log_damage; a
+    person settles it from another process while a writer holds the journal."""
+    path = tmp_path / "j"
+    with walj.ToolJournal.open(path, sync="always") as journal:
+        for i in range(8):
+            with journal.turn() as turn:
+                turn.dispatch("send", {"to": f"user{i}"}, handler=send)
+    (segment,) = sorted(path.glob("seg-*.jsonl"))
+    data = bytearray(segment.read_bytes())
+    start = (data.index(b'"kind":"turn_started"', data.index(b'"turn_sequence":3,') - 60)
+             + 511) // 512 * 512
+    data[start:start + 512] = bytes(512)
+    segment.write_bytes(bytes(data))
+    holder = _holder(path)  # its open cuts the damage and records it: log_damage blocks
+    try:
+        (blocker,) = replayed(path).blockers
+        assert blocker.state == "log_damage" and blocker.quarantine_file is not None
+        refused = walj.resolve_session(path, blocker.quarantine_file, "succeeded", note="n",
+                                       actor="ann")
+        assert refused.status == "refused" and refused.reason == "bad_outcome"
+        done = walj.resolve_session(path, blocker.quarantine_file, "reviewed",
+                                    note="the cut turns were re-run by hand", actor="ann")
+        assert done.status == "applied" and done.request_id is not None
+        assert done.resolution is not None and done.resolution.kind == "log_cut"
+        assert done.recovery is not None and not done.recovery.blocked
+    finally:
+        holder.kill()
+        holder.wait()
+    assert len(answers(path, refused.request_id or "")) == 1
