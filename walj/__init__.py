@@ -112,12 +112,16 @@ from .journal import (  # noqa: E402
     PendingLLMCall,
     Recovery,
     Resolution,
+    SessionResolution,
     Tool,
     ToolContext,
     ToolJournal,
     ToolObserver,
     ToolResult,
     handle_function_calls,
+    request_release,
+    resolve_session,
+    resolve_session_turn,
 )
 
 __all__ += [
@@ -131,6 +135,7 @@ __all__ += [
     "Resolution",
     "ResolutionError",
     "SessionEndedError",
+    "SessionResolution",
     "Tool",
     "ToolBlocked",
     "ToolCancelled",
@@ -142,6 +147,9 @@ __all__ += [
     "TurnError",
     "UnknownToolError",
     "handle_function_calls",
+    "request_release",
+    "resolve_session",
+    "resolve_session_turn",
 ]
 
 

@@ -1,5 +1,6 @@
-"""The commands that write: `resolve` (refused while a live writer holds the lock, then durable
-with who and why), `repair` (bytes moved to quarantine, none lost) and `demo`."""
+"""The commands that write: `resolve` (durable with who and why, applied by a live writer that
+holds the session), `repair` (refused while a live writer holds the lock; bytes moved to
+quarantine, none lost) and `demo`."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ HOLDER = textwrap.dedent("""
 """)
 
 
-def test_resolve_refused_while_a_writer_lives_then_unblocks(tmp_path: Path) -> None:
+def test_resolve_applied_by_the_live_writer_and_repair_refused(tmp_path: Path) -> None:
     log = tmp_path / "session"
     eid = make_journal(log, blocked=True)
     assert eid is not None
@@ -37,22 +38,27 @@ def test_resolve_refused_while_a_writer_lives_then_unblocks(tmp_path: Path) -> N
                               stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
-        refused = walj_cli("resolve", log, eid, "--outcome", "not_performed",
-                           "--note", "checked the mail server", "--actor", "ann")
-        assert_one_line_error(refused, 1, "live writer", f"pid {holder.pid}")
+        run = walj_cli("resolve", log, eid, "--outcome", "not_performed", "--note",
+                       "the mail server has no such message", "--actor", "ann", "--json")
+        assert run.code == 0, run.err
+        report = run.json()
+        assert report["schema"] == "walj.resolve/1" and report["status"] == "applied"
+        assert len(report["request_id"]) == 32
+        assert report["blocked"] is False and report["blockers_left"] == 0
+        assert report["resolution"]["execution_id"] == eid
+        assert report["resolution"]["tool"] == "send"
         repair = walj_cli("repair", log)
-        assert_one_line_error(repair, 1, "live writer")
+        assert_one_line_error(repair, 1, "live writer", f"pid {holder.pid}")
+        assert holder.poll() is None  # settled without stopping the writer
+        # Settled once: by the whole id and by a prefix, the same answer from the live writer.
+        for given in (eid, eid[:8]):
+            again = walj_cli("resolve", log, given, "--outcome", "succeeded", "--note", "x",
+                             "--actor", "bob")
+            assert_one_line_error(again, 1, "already resolved", "live writer")
     finally:
         holder.kill()  # SIGKILL: the OS releases the lock with the process
         holder.wait()
-    assert walj_cli("inspect", log, "--json").json()["blocked"] is True
-    run = walj_cli("resolve", log, eid, "--outcome", "not_performed", "--note",
-                   "the mail server has no such message", "--actor", "ann", "--json")
-    assert run.code == 0, run.err
-    report = run.json()
-    assert report["schema"] == "walj.resolve/1"
-    assert report["blocked"] is False and report["blockers_left"] == 0
-    assert report["resolution"]["execution_id"] == eid
+    assert not (log / "requests").exists() or not list((log / "requests").iterdir())
     after = walj_cli("inspect", log, "--json")
     assert after.code == 0
     state = after.json()
@@ -63,9 +69,10 @@ def test_resolve_refused_while_a_writer_lives_then_unblocks(tmp_path: Path) -> N
     assert resolution["execution_id"] == eid and resolution["tool"] == "send"
     text = walj_cli("inspect", log)
     assert "ann" in text.out and "the mail server has no such message" in text.out
-    again = walj_cli("resolve", log, eid, "--outcome", "succeeded", "--note", "x",
-                     "--actor", "bob")
-    assert_one_line_error(again, 1, "already resolved")
+    for given in (eid, eid[:8]):  # no writer now: resolved directly, the same answer
+        again = walj_cli("resolve", log, given, "--outcome", "succeeded", "--note", "x",
+                         "--actor", "bob")
+        assert_one_line_error(again, 1, "already resolved")
 
 
 def test_resolve_by_prefix_turn_form_and_bad_input(tmp_path: Path) -> None:

@@ -127,7 +127,7 @@ def test_live_work_is_not_a_blocker() -> None:
     assert not state.is_blocked(live_executions={eid(1)}, live_turn=1)
 
 
-@pytest.mark.parametrize("version", [0, 1, 5, "1", "2", None, True, 1.0, 2.0])
+@pytest.mark.parametrize("version", [0, 1, 6, "1", "2", None, True, 1.0, 2.0])
 @pytest.mark.parametrize("as_bytes", [False, True])
 def test_unknown_contract_version_is_refused(version: object, as_bytes: bool) -> None:
     record = started(eid(1), 1)
@@ -262,7 +262,8 @@ def test_recovery_and_fingerprint_need_only_the_standard_library(tmp_path: Path)
     lines = out.stdout.splitlines()
     assert lines[0] == "started"
     assert lines[1] == str(sorted([
-        "walj", "walj.journal", "walj.journal._recovery", "walj.journal._records",
+        "walj", "walj.journal", "walj.journal._applied", "walj.journal._recovery",
+        "walj.journal._records",
         "walj.journal._damage", "walj.journal._decode", "walj.journal._fingerprint",
         "walj.journal._callindex", "walj.journal._openwork", "walj.journal._checkpoint",
         "walj.journal._snapshot", "walj._codec", "walj.errors"]))

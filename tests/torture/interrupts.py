@@ -59,6 +59,7 @@ from typing import Any, NamedTuple
 
 import walj
 from walj.journal._recovery import RecoveryState, rebuild
+from walj.log import pending_requests
 
 WALJ_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(walj.__file__)))
 
@@ -1050,6 +1051,7 @@ class JournalAcks:
     turns: set[int] = field(default_factory=set)
     completed: set[int] = field(default_factory=set)
     replayed: set[str] = field(default_factory=set)  # settled executions a replay answered from
+    requests: set[str] = field(default_factory=set)  # resolution requests posted (durable)
 
     def result(self, result: walj.ToolResult) -> None:
         if result.replayed:
@@ -1255,15 +1257,39 @@ def check_journal_files(path: Path, report: Report, acks: JournalAcks) -> None:
     rep.checked += facts - wrong
     rep.lost += wrong
     rep.stage = "reopen the journal"
+    left = pending_requests(path)
     try:
         journal = walj.ToolJournal.open(path)
     except (walj.CorruptionError, walj.LockedError) as exc:
         rep.fail("4", f"ToolJournal.open refused: {type(exc).__name__}: {exc}"[:400])
         return
     try:  # the open changed nothing (no tools: nothing to settle), so the records stand
+        if left:  # but for the requests it answered
+            records = list(walj.read(path))
+        check_request_answers(path, records, acks, left, rep)
         replay = rebuild((r.seq, r.data) for r in records).snapshot()
         mismatch = compare_views(journal.recovery, replay, lenient=False)
         if mismatch:
             rep.fail("5", f"a fresh open: {mismatch}")
     finally:
         journal.close()
+
+
+def check_request_answers(path: Path, records: list[walj.Record], acks: JournalAcks,
+                          left: list[str], rep: Report) -> None:
+    """Invariants 3 and 6 for resolution requests, once a reopen answered what was left: every
+    request answered at most once (never applied twice), every posted one answered (none
+    lost), and no request file left behind."""
+    answers = Counter(r.data["request"] for r in records
+                      if isinstance(r.data.get("request"), str))
+    for request_id, count in answers.items():
+        if count > 1:
+            rep.fail("6", f"request {request_id[:8]} was answered {count} times")
+    for request_id in acks.requests | set(left):
+        rep.checked += 1
+        if not answers[request_id]:
+            rep.lost += 1
+            rep.fail("3", f"request {request_id[:8]} was posted but never answered")
+    still = pending_requests(path)
+    if still:
+        rep.fail("6", f"request files left after a reopen answered them: {still}")

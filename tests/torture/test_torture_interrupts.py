@@ -47,6 +47,13 @@ from interrupts import (
 )
 
 import walj
+from walj.journal import _requests
+from walj.journal._requests import request_fields
+from walj.log import post_request
+
+# The process-wide watcher thread would race the traced pick-up for the same request (an
+# interrupt lands on the main thread, never on it): here it waits, so each trial is the same.
+_requests.WATCH_INTERVAL = 3600.0
 
 MODES = ("always", "batch", "interval", "never")
 SEGMENT_BYTES = 1024
@@ -399,7 +406,8 @@ class JournalScenario(Scenario):
     BASES = {"open_settle": "many", "resolve": "blocked", "dispatch_refused": "blocked",
              "dispatch_replayed": "settled", "dispatch_replay_refused": "settled",
              "adispatch_replayed": "settled", "checkpoint": "settled",
-             "compact": "compactable"}
+             "compact": "compactable", "request_apply": "blocked",
+             "request_refused": "blocked", "open_request": "blocked"}
     BASES.update({f"{op}_observed": base for op, base in list(BASES.items())})
 
     def __init__(self, mode: str, op: str) -> None:
@@ -412,13 +420,16 @@ class JournalScenario(Scenario):
     def build(self, base: Path) -> None:
         self.blockers = build_journal(base / "journal", self.mode,
                                       self.BASES.get(self.op, "fresh"))
+        if self.op == "open_request":  # left while no one held the session
+            post_request(base / "journal", request_fields(
+                "resolve", self.blockers[0], "not_performed", "seen", "ann", 1.0))
 
     def trial(self, path: Path, inj: Injection, rep: Report) -> None:
         jdir = path / "journal"
         acks = JournalAcks()
         tools = OPEN_TOOLS if self.op == "open_settle" else TOOLS
         holder: list[walj.ToolJournal | None] = [None]
-        if self.op != "open_settle":
+        if self.op not in ("open_settle", "open_request"):
             watching = span_observers() if self.op.endswith("_observed") else []
             holder[0] = walj.ToolJournal.open(jdir, tools=tools, observers=watching,
                                               **options(self.mode))
@@ -452,9 +463,11 @@ class JournalScenario(Scenario):
     def operate(self, holder: list[walj.ToolJournal | None], jdir: Path, inj: Injection,
                 acks: JournalAcks, tools: dict[str, Any]) -> None:
         op = self.op.removesuffix("_observed")
-        if op == "open_settle":
+        if op in ("open_settle", "open_request"):
             holder[0] = inj.call(lambda: walj.ToolJournal.open(jdir, tools=tools,
                                                                **options(self.mode)))
+            if op == "open_request":  # the open applied the request left for it
+                acks.resolved.add(self.blockers[0])
             return
         journal = holder[0]
         assert journal is not None
@@ -468,6 +481,14 @@ class JournalScenario(Scenario):
             inj.call(journal.checkpoint)
         elif op == "compact":
             inj.call(lambda: journal.compact(keep_turns=1))
+        elif op in ("request_apply", "request_refused"):
+            # Another process's request; the pick-up before is_blocked answers applies it.
+            target = self.blockers[0] if op == "request_apply" else "0" * 32
+            acks.requests.add(post_request(jdir, request_fields(
+                "resolve", target, "not_performed", "seen", "ann", 1.0)))
+            inj.call(journal.is_blocked)
+            if op == "request_apply":
+                acks.resolved.add(target)
         elif op == "resolve":
             eid = self.blockers[0]
             inj.call(lambda: journal.resolve(eid, "succeeded", actor="ann", note="seen"))
@@ -536,7 +557,8 @@ class JournalScenario(Scenario):
 
 JOURNAL_OPS = ("turn_enter", "turn_exit", "dispatch_ok", "dispatch_error", "dispatch_cancelled",
                "dispatch_refused", "resolve", "open_settle", "close", "dispatch_replayed",
-               "dispatch_replay_refused", "checkpoint", "compact")
+               "dispatch_replay_refused", "checkpoint", "compact", "request_apply",
+               "request_refused", "open_request")
 ASYNC_OPS = ("aturn_enter", "aturn_exit", "adispatch_ok", "adispatch_error",
              "adispatch_cancelled", "adispatch_sync", "adispatch_replayed")
 

@@ -25,6 +25,7 @@ from ..log._segment import Problem, read_header
 EXIT_OK = 0
 EXIT_PROBLEMS = 1
 EXIT_USAGE = 2
+EXIT_QUEUED = 3  # `walj resolve`: a live writer did not answer its request within the wait
 EXIT_INTERRUPTED = 130
 
 

@@ -24,7 +24,8 @@ WRITE_COMMANDS = ("resolve", "repair", "demo", "archive", "prune")
 
 EPILOG = """\
 exit codes: 0 clean or done; 1 problems found (damage, a blocked journal, a refused write);
-2 usage error or unreadable input; 130 interrupted (Ctrl-C; `tail -f` exits 0 instead).
+2 usage error or unreadable input; 3 `resolve` queued (the live writer did not answer in
+time); 130 interrupted (Ctrl-C; `tail -f` exits 0 instead).
 Read commands take no lock and never write: they work on a copied log, a read-only file
 system, and beside a live writer. `%(prog)s COMMAND --help` describes each command; every
 --json output names its schema and version in its "schema" field."""
@@ -169,8 +170,9 @@ def build_parser(prog: str = "walj") -> argparse.ArgumentParser:
     p.add_argument("--all", action="store_true", help="list active and ended logs too")
     _json_flag(p)
 
-    p = sub.add_parser("resolve", help="resolve a blocker durably, under the writer lock",
-                       description="Resolve a blocker durably, under the writer lock: a "
+    p = sub.add_parser("resolve", help="resolve a blocker durably (a live writer applies it)",
+                       description="Resolve a blocker durably, under the writer lock or, while "
+                       "a live process holds the session, by a request that process applies: a "
                        "tool_execution_resolved,\nturn_resolved or log_cut_resolved record says "
                        "what happened, who says so and why.",
                        epilog=RESOLVE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -182,6 +184,11 @@ def build_parser(prog: str = "walj") -> argparse.ArgumentParser:
                    help="what happened; see below for what each does to the next dispatch")
     p.add_argument("--note", required=True, metavar="TEXT", help="why: what you checked")
     p.add_argument("--actor", required=True, metavar="NAME", help="who resolves it")
+    waiting = p.add_mutually_exclusive_group()
+    waiting.add_argument("--wait", type=float, default=None, metavar="SECONDS",
+                         help="how long to wait for a live writer to apply it (default 10)")
+    waiting.add_argument("--no-wait", action="store_true",
+                         help="leave the request for the live writer and exit 3 at once")
     _json_flag(p)
 
     p = sub.add_parser("repair", help="cut a torn tail or damaged suffix into quarantine/")

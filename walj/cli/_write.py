@@ -1,19 +1,25 @@
-"""The two commands that write, both under the writer lock: `walj resolve` (settle a blocker on
-the record) and `walj repair` (cut a torn tail or damaged suffix into quarantine)."""
+"""The two commands that write: `walj resolve` (settle a blocker on the record, directly or
+through a request the live writer applies) and `walj repair` (cut a torn tail or damaged
+suffix into quarantine, under the writer lock)."""
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import re
 from typing import Any
 
-from ..errors import CorruptionError, LockedError, ResolutionError
+from ..errors import CorruptionError, LockedError, RecordTooLargeError, ResolutionError
+from ..log import REQUESTS_DIR
 from ..log._fs import DEFAULT_FS
+from ..log._lock import read_owner
 from ..log._quarantine import QUARANTINE_DIR, cut_segment
 from ..log._scan import LogScan
 from ._common import (
     EXIT_OK,
     EXIT_PROBLEMS,
+    EXIT_QUEUED,
     EXIT_USAGE,
     CliError,
     clock,
@@ -27,9 +33,10 @@ from ._common import (
 )
 from ._records import kind_of
 
-# --- resolve --------------------------------------------------------------------------------
+# --- resolve ---------------------------------------------------------------------------------
 
 _USAGE_REASONS = ("unknown", "bad_outcome", "bad_actor", "note_required")
+_WHOLE_ID = re.compile(r"[0-9a-f]{32}")  # an execution or LLM call id, given in full
 
 
 def _locked(path: str, exc: LockedError, what: str) -> CliError:
@@ -37,18 +44,18 @@ def _locked(path: str, exc: LockedError, what: str) -> CliError:
                     f"{what} only once it has stopped", EXIT_PROBLEMS)
 
 
-def _expand(prefix: str, candidates: list[str]) -> str:
-    """A unique prefix (6+ characters) of an open execution's id, expanded; else as given."""
+def _expand(prefix: str, candidates: set[str]) -> str:
+    """A unique prefix (6+ characters) of an id the log names, expanded; else as given. Every
+    id counts, resolved or not, so a prefix gets the same answer as the whole id."""
     if len(prefix) < 6 or prefix in candidates:
         return prefix
     matches = [c for c in candidates if c.startswith(prefix)]
     if len(matches) > 1:
-        raise CliError(f"{prefix!r} is a prefix of {len(matches)} blockers: give more of it")
+        raise CliError(f"{prefix!r} is a prefix of {len(matches)} ids: give more of it")
     return matches[0] if matches else prefix
 
 
-def cmd_resolve(args: argparse.Namespace) -> int:
-    path: str = args.path
+def _check_args(args: argparse.Namespace) -> None:
     if (args.execution_id is None) == (args.turn is None):
         raise CliError("give either an EXECUTION_ID or --turn N")
     if args.turn is not None and args.outcome is not None:
@@ -56,35 +63,58 @@ def cmd_resolve(args: argparse.Namespace) -> int:
     if args.execution_id is not None and args.outcome is None:
         raise CliError("--outcome succeeded|failed|not_performed (reviewed for log damage) "
                        "is required")
+    if args.wait is not None and not (math.isfinite(args.wait) and args.wait >= 0):
+        raise CliError(f"--wait takes a number of seconds, 0 or more, not {args.wait}")
+
+
+def _ask(args: argparse.Namespace) -> Any:
+    """Resolve directly, or through a request to the live writer; refusals as CliError."""
+    from ..journal._session_resolve import (
+        DEFAULT_WAIT,
+        known_ids,
+        resolve_session,
+        resolve_session_turn,
+    )
+
+    path: str = args.path
+    wait = 0.0 if args.no_wait else (DEFAULT_WAIT if args.wait is None else args.wait)
+    try:
+        if args.turn is not None:
+            done = resolve_session_turn(path, args.turn, note=args.note, actor=args.actor,
+                                        wait=wait)
+        else:
+            eid = args.execution_id
+            if len(eid) >= 6 and not _WHOLE_ID.fullmatch(eid):  # only a prefix reads the log
+                eid = _expand(eid, known_ids(path))
+            done = resolve_session(path, eid, args.outcome, note=args.note, actor=args.actor,
+                                   wait=wait)
+    except ResolutionError as exc:
+        code = EXIT_USAGE if exc.reason in _USAGE_REASONS else EXIT_PROBLEMS
+        raise CliError(f"refused: {exc}", code) from None
+    except RecordTooLargeError as exc:
+        raise CliError(f"refused: {exc}") from None
+    except CorruptionError as exc:
+        raise CliError(f"{path}: {exc} (see `walj verify`, then `walj repair`)",
+                       EXIT_PROBLEMS) from None
+    if done.status == "refused":
+        code = EXIT_USAGE if done.reason in _USAGE_REASONS else EXIT_PROBLEMS
+        by = " by the live writer" if done.request_id else ""
+        raise CliError(f"refused{by}: {done.error or done.reason}", code)
+    return done
+
+
+def cmd_resolve(args: argparse.Namespace) -> int:
+    path: str = args.path
+    _check_args(args)
     names = segment_names(path)
     _, records = scan(path, names)
     first = next(records, None)
     if first is not None and kind_of(first[1]) == "-":
         raise CliError(f"{path} is a walj log but not a tool journal: nothing to resolve")
-    from ..journal._journal import ToolJournal
-
-    try:
-        journal = ToolJournal.open(path, lock_timeout=0)
-    except LockedError as exc:
-        raise _locked(path, exc, "resolve") from None
-    except CorruptionError as exc:
-        raise CliError(f"{path}: {exc} (see `walj verify`, then `walj repair`)",
-                       EXIT_PROBLEMS) from None
-    with journal:
-        try:
-            if args.turn is not None:
-                resolution = journal.resolve_turn(args.turn, note=args.note, actor=args.actor)
-            else:
-                before = journal.recovery
-                open_ids = [b.execution_id for b in before.blockers if b.execution_id]
-                open_ids += [c.llm_call_id for c in before.pending_llm_calls]
-                eid = _expand(args.execution_id, open_ids)
-                resolution = journal.resolve(eid, args.outcome, note=args.note,
-                                             actor=args.actor)
-        except ResolutionError as exc:
-            code = EXIT_USAGE if exc.reason in _USAGE_REASONS else EXIT_PROBLEMS
-            raise CliError(f"refused: {exc}", code) from None
-        after = journal.recovery
+    done = _ask(args)
+    if done.status == "queued":
+        return _queued(args, done.request_id)
+    resolution, after = done.resolution, done.recovery
     settled = {
         "kind": resolution.kind, "execution_id": resolution.execution_id,
         "turn_sequence": resolution.turn_sequence, "tool": resolution.tool,
@@ -92,8 +122,10 @@ def cmd_resolve(args: argparse.Namespace) -> int:
         "at": resolution.at, "seq": resolution.seq,
     }
     if args.json:
-        emit_json({"schema": "walj.resolve/1", "path": path, "resolution": settled,
-                   "blocked": after.blocked, "blockers_left": len(after.blockers)})
+        emit_json({"schema": "walj.resolve/1", "path": path, "status": "applied",
+                   "request_id": done.request_id, "resolution": settled,
+                   "blocked": after.blocked if after else None,
+                   "blockers_left": len(after.blockers) if after else None})
         return EXIT_OK
     if resolution.kind == "turn":
         what = f"turn {resolution.turn_sequence}"
@@ -101,16 +133,33 @@ def cmd_resolve(args: argparse.Namespace) -> int:
         what = f"cut bytes {resolution.execution_id} (quarantine/)"
     else:
         what = f"execution {resolution.execution_id} ({resolution.tool})"
+    how = "durable" if done.request_id is None else "durable, applied by the live writer"
     lines = [f"resolved {what}: {resolution.outcome} by {resolution.actor} at "
-             f"{clock(resolution.at)} UTC (seq {resolution.seq}, durable)",
+             f"{clock(resolution.at)} UTC (seq {resolution.seq}, {how})",
              f"  note: {short(resolution.note, 200)}"]
-    if after.blocked:
+    if after is not None and after.blocked:
         lines.append(f"  still blocked by {plural(len(after.blockers), 'blocker')}: "
                      f"`walj inspect {path}`")
-    else:
+    elif after is not None:
         lines.append("  no blocker left: dispatch resumes")
     write_lines(lines)
     return EXIT_OK
+
+
+def _queued(args: argparse.Namespace, request_id: str) -> int:
+    path: str = args.path
+    owner = read_owner(path) or "owner unknown"
+    if args.json:
+        emit_json({"schema": "walj.resolve/1", "path": path, "status": "queued",
+                   "request_id": request_id, "resolution": None, "blocked": None,
+                   "blockers_left": None})
+    else:
+        write_lines([f"queued: request {request_id} in {path}/{REQUESTS_DIR}/ (durable); the "
+                     f"live writer ({owner}) did not answer in time",
+                     "  it is applied or refused once, when that writer next looks or the "
+                     "session is next opened: see `walj inspect` or `walj dump --kind "
+                     "resolution_refused`"])
+    return EXIT_QUEUED
 
 
 # --- repair ---------------------------------------------------------------------------------

@@ -22,7 +22,9 @@ open), _callindex (the bounded index of settled call ids), _recovery (the rebuil
 checkpoints; compaction), _tools (tools, contexts, results), _core (the locked writer and the
 live-state table: the one object Turn, LLMCall and resolution talk to), _aio (blocking steps
 from asyncio), _replay (answering a settled call id from its record), _turn (turns and
-dispatch), _llm (LLM-call brackets), _resolve (resolutions and policies), _observe (the observer
+dispatch), _llm (LLM-call brackets), _resolve (resolutions and policies), _applied (the ids of
+answered resolution requests), _requests (applying resolution requests other processes leave),
+_session_resolve (resolve_session: resolving from outside a live writer), _observe (the observer
 hook: tracing and metrics), _sessions (session ids to directory names), _opening (the log opened
 from its last checkpoint), _journal (ToolJournal).
 """
@@ -33,9 +35,15 @@ from ._compact import CompactReport
 from ._journal import ToolJournal, handle_function_calls
 from ._observe import ExecutionEnd, ToolObserver
 from ._records import Blocker, Cut, IncompleteTurn, PendingLLMCall, Recovery, Resolution
+from ._session_resolve import (
+    SessionResolution,
+    request_release,
+    resolve_session,
+    resolve_session_turn,
+)
 from ._tools import Tool, ToolContext, ToolResult
 
 __all__ = ["Blocker", "CompactReport", "Cut", "ExecutionEnd", "IncompleteTurn", "PendingLLMCall",
-           "Recovery", "Resolution", "Tool", "ToolContext", "ToolJournal", "ToolObserver",
-           "ToolResult",
-           "handle_function_calls"]
+           "Recovery", "Resolution", "SessionResolution", "Tool", "ToolContext", "ToolJournal",
+           "ToolObserver", "ToolResult", "handle_function_calls", "request_release",
+           "resolve_session", "resolve_session_turn"]

@@ -33,6 +33,7 @@ _ENVELOPE = 512
 _FILTER_CHUNK = 256 * 1024  # compressed filter bytes per item
 _SETTLED_CHUNK = 128 * 1024  # bytes of settled calls per item (a part holds several)
 _ID = re.compile(r"[0-9a-f]{32}")
+_REQUEST_IDS_PER_ITEM = 32  # applied request ids per item (about 1 KB)
 _PART0 = re.compile(rb'\{"kind":"checkpoint","version":[0-9]+,"checkpoint_id":"([0-9a-f]{32})",'
                     rb'"part":0,')
 
@@ -95,6 +96,9 @@ def _items(state: RecoveryState, settling: Mapping[str, tuple[dict[str, Any], in
             fields = asdict(res)
             fields["resolution_kind"] = fields.pop("kind")
             yield {"item": "resolution", **fields}
+    applied = list(state.requests.order)
+    for start in range(0, len(applied), _REQUEST_IDS_PER_ITEM):
+        yield {"item": "applied_requests", "ids": applied[start:start + _REQUEST_IDS_PER_ITEM]}
     outputs_left = CARRIED_OUTPUT_BYTES
     settled: list[tuple[str, str, int, str]] = []
     for call_id, (sha, _) in reversed(state.calls.settled.items()):
@@ -383,6 +387,11 @@ class CheckpointLoad:
         for call_id, sha in zip(call_ids, shas, strict=True):
             settle(call_id, sha, seq)
 
+    def _applied_requests(self, state: RecoveryState, seq: int,
+                          item: Mapping[str, Any]) -> None:
+        for request_id in _get(item, "ids", seq, _strs, "a list of request ids"):
+            state.requests.note(request_id)
+
     def _forgotten(self, state: RecoveryState, seq: int, item: Mapping[str, Any]) -> None:
         offset = _get(item, "offset", seq, lambda v: v == len(self.filter), "the next offset")
         del offset
@@ -398,4 +407,5 @@ _LOADERS: dict[str, Callable[[CheckpointLoad, RecoveryState, int, Mapping[str, A
     "llm_call": CheckpointLoad._llm_call, "cut": CheckpointLoad._cut,
     "resolution": CheckpointLoad._resolution, "settled_calls": CheckpointLoad._settled_calls,
     "forgotten_calls": CheckpointLoad._forgotten,
+    "applied_requests": CheckpointLoad._applied_requests,
 }

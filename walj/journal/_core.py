@@ -73,7 +73,13 @@ class Core:
         self.before_turn: Callable[[], None] | None = None
         self.write_lock = threading.RLock()
         self.lock = threading.Lock()
-        self.resolve_lock = threading.Lock()
+        # Reentrant: applying a resolution request holds it around the resolution it makes.
+        self.resolve_lock = threading.RLock()
+        # Applies pending resolution requests (set by ToolJournal.open); run before every
+        # answer that depends on blockers. See _requests.pick_up.
+        self.pick_up: Callable[[], None] | None = None
+        # Whether a `release` request from another process closes this journal when idle.
+        self.release_on_request = False
         self.live: set[str] = set()  # executions whose handler may be running
         self.live_llm: set[str] = set()  # LLM calls in flight
         self.live_turn: TurnSlot | None = None
@@ -103,12 +109,21 @@ class Core:
             "block_on_pending_llm_calls": self.block_on_pending_llm_calls,
         }
 
+    def take_requests(self) -> None:
+        """Apply resolution requests other processes left, before answering from the state.
+        Never with write_lock held by this thread (the lock order is resolve_lock first)."""
+        pick_up = self.pick_up
+        if pick_up is not None and not self.closed:
+            pick_up()
+
     def snapshot(self) -> Recovery:
+        self.take_requests()
         with self.lock:
             return self.state.snapshot(**self.live_view())
 
     def is_blocked(self) -> bool:
         """True while dispatch would refuse: blockers, or a log that can no longer write."""
+        self.take_requests()
         if self.log.poisoned or self.unknown_state is not None:
             return True
         with self.lock:
@@ -121,6 +136,12 @@ class Core:
             if self.state.is_blocked(**self.live_view()):
                 blockers = self.state.snapshot(**self.live_view()).blockers
         return blockers
+
+    def idle(self) -> bool:
+        """With write_lock held: no turn, execution or LLM call is live or beginning."""
+        with self.lock:
+            return not (self.live_turn is not None or self.live or self.live_llm
+                        or self._beginning or self._reserved or self._settlements)
 
     def check_open(self) -> None:
         if self.closed:
@@ -272,6 +293,7 @@ class Core:
             else:  # its caller gave up while the intent was written: settle it at once
                 self._settlements.append((execution_id, abandoned))
 
+        self.take_requests()
         with self.write_lock:
             try:
                 with self.lock:
@@ -358,6 +380,7 @@ class Core:
     def start_turn(self, turn: TurnSlot) -> int:
         """Make `turn` the live turn and write turn_started. The number and the record are
         taken under write_lock, so a turn abandoned mid-write can never share its number."""
+        self.take_requests()
         with self.write_lock:
             self.check_not_ended()
             if self.live_turn is None and self.before_turn is not None:

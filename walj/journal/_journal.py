@@ -12,7 +12,7 @@ from types import MappingProxyType, TracebackType
 from typing import Any
 
 from ..errors import UnknownToolError, WaljError
-from . import _compact, _resolve
+from . import _compact, _requests, _resolve
 from ._callindex import DEFAULT_REPLAY_WINDOW
 from ._compact import CompactReport
 from ._core import Core
@@ -75,6 +75,7 @@ class ToolJournal:
         replay_window: int = DEFAULT_REPLAY_WINDOW,
         observers: Iterable[ToolObserver] = (),
         checkpoint_every: int | None = DEFAULT_CHECKPOINT_EVERY,
+        release_on_request: bool = False,
         **log_options: Any,
     ) -> ToolJournal:
         """Open (creating if needed) the journal in directory `path` and rebuild its recovery
@@ -89,7 +90,9 @@ class ToolJournal:
         then on, those settlements included (docs/RECOVERY.md, "Observers").
         `checkpoint_every`: before a turn starts, write a checkpoint once this many records
         were written since the last (None: only `checkpoint()` and `compact()` write them).
-        The open replays from the last complete checkpoint (docs/RECOVERY.md, "Checkpoints")."""
+        The open replays from the last complete checkpoint (docs/RECOVERY.md, "Checkpoints").
+        `release_on_request`: another process may ask this journal to close itself at its
+        next idle moment (`walj.request_release`; docs/RECOVERY.md, "Live resolution")."""
         registry = tools_from(tools)
         watching = check_observers(observers)
         for name, value in (("preview_chars", preview_chars),
@@ -120,10 +123,12 @@ class ToolJournal:
                 checkpoint_every=checkpoint_every,
             )
             core.observers = watching
+            core.release_on_request = bool(release_on_request)
             core.before_turn = functools.partial(_compact.checkpoint_if_due, core)
             if log_options.get("recovery") != "salvage":
                 core.record_cuts()
                 _resolve.settle_automatically(core)
+                _requests.watch(core)  # what other processes asked while none held it
             return cls(core)
         except BaseException:
             try:

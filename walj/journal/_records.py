@@ -12,8 +12,11 @@ from typing import Any
 # Version 3 added replay (tool_execution_replayed, tool_execution_refused, stored outputs,
 # call_id_generated), session_named and session_ended; a version-2 log reads as before.
 # Version 4 added checkpoint; a version-2 or -3 log reads as before.
-CONTRACT_VERSION = 4
-SUPPORTED_VERSIONS = frozenset({2, 3, CONTRACT_VERSION})
+# Version 5 added requests from other processes: the `request` field of a resolution record,
+# resolution_refused, journal_released, and a checkpoint's applied_requests item; older logs
+# read as before.
+CONTRACT_VERSION = 5
+SUPPORTED_VERSIONS = frozenset({2, 3, 4, CONTRACT_VERSION})
 
 TURN_STARTED = "turn_started"
 TURN_COMPLETED = "turn_completed"
@@ -33,6 +36,11 @@ REPLAYED = "tool_execution_replayed"
 REFUSED = "tool_execution_refused"
 SESSION_NAMED = "session_named"
 CHECKPOINT = "checkpoint"
+REQUEST_REFUSED = "resolution_refused"
+RELEASED = "journal_released"
+# Records that carry the id of the request they answer (field `request`).
+REQUEST_ANSWERS = frozenset({RESOLVED, LLM_RESOLVED, TURN_RESOLVED, LOG_CUT_RESOLVED,
+                             REQUEST_REFUSED, RELEASED})
 
 # Resolutions that settle a call (replay answers from them); the others (not_performed,
 # rerun) say it did not take effect, so it may run afresh.

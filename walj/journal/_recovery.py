@@ -11,6 +11,7 @@ from typing import Any
 
 from ..errors import CorruptionError, UnsupportedVersionError
 from . import _records as r
+from ._applied import AppliedRequests
 from ._callindex import DEFAULT_REPLAY_WINDOW, CallIndex, call_key, raw_call_key
 from ._checkpoint import CheckpointLoad, first_part_id, header
 from ._damage import CutLedger
@@ -80,6 +81,7 @@ class RecoveryState(RecoveryView):
         self.blocking_llm_calls: set[str] = set()
         self.resolutions: list[Resolution] = []
         self.cuts = CutLedger(self.resolutions, self)  # what recovery cut, and what of it blocks
+        self.requests = AppliedRequests()  # resolution requests answered (recent ones)
         self.max_turn = 0
         self.top: OpenTurn | None = None  # the latest unpaired turn start
         self.paired_turn: int | None = None  # the turn the last turn_completed completed
@@ -104,6 +106,7 @@ class RecoveryState(RecoveryView):
             r.LOG_CUT_RESOLVED: self._cut_resolved, r.REPLAYED: self._ignore,
             r.REFUSED: self._ignore, r.SESSION_NAMED: self._session_named,
             r.SESSION_ENDED: self._session_ended, r.CHECKPOINT: self._checkpoint,
+            r.REQUEST_REFUSED: self._ignore, r.RELEASED: self._ignore,
         }
 
     # --- feeding --------------------------------------------------------------------------------
@@ -227,6 +230,8 @@ class RecoveryState(RecoveryView):
         self.records += 1
         self.last_seq = seq
         handler(seq, record)
+        if kind in r.REQUEST_ANSWERS:
+            self.requests.note(record.get("request"))
 
     def _id(self, seq: int, record: Mapping[str, Any]) -> str:
         """The id the record is about (execution_id, llm_call_id), which it must have."""

@@ -52,33 +52,47 @@ def _actor_shape(actor: str) -> str:
                    if not ch.isspace() and unicodedata.category(ch) != "Cf")
 
 
-def _check_note(note: Any) -> None:
+def check_note(note: Any) -> None:
+    """Refuse (note_required) a note that is neither a string nor None."""
     if note is not None and not isinstance(note, str):
         raise ResolutionError("note must be a string or None", reason="note_required")
 
 
+# A request a resolution answers: its id and the time it was asked, both recorded.
+Request = tuple[str, float]
+
+
+def _answering(record: dict[str, Any], request: Request | None) -> dict[str, Any]:
+    """`record` as the answer to `request`: its id, and the time the person asked."""
+    if request is not None:
+        record["request"], record["at"] = request
+    return record
+
+
 def resolve(core: Core, execution_id: Any, outcome: Any, *, note: Any, actor: Any,
-            output: Any) -> Resolution:
+            output: Any, request: Request | None = None) -> Resolution:
     """A person's resolution of an execution, a pending LLM call or bytes recovery cut; see
-    ToolJournal.resolve."""
+    ToolJournal.resolve. `request`: the resolution request this answers, if any."""
     with core.lock:
         is_cut = isinstance(execution_id, str) and execution_id in core.state.cuts.cuts
     if is_cut or outcome == REVIEWED:
-        return _resolve_cut(core, execution_id, outcome, note=note, actor=actor)
+        return _resolve_cut(core, execution_id, outcome, note=note, actor=actor,
+                            request=request)
     if outcome not in RESOLVE_OUTCOMES:
         raise ResolutionError(
             f"outcome must be one of {', '.join(RESOLVE_OUTCOMES)}, not {outcome!r}",
             reason="bad_outcome")
     check_actor(actor)
-    _check_note(note)
+    check_note(note)
     if outcome == "failed" and not (note and note.strip()):
         raise ResolutionError("a 'failed' resolution needs a note saying what failed",
                               reason="note_required")
-    return settle(core, execution_id, outcome, note=note, actor=actor, output=output)
+    return settle(core, execution_id, outcome, note=note, actor=actor, output=output,
+                  request=request)
 
 
 def settle(core: Core, execution_id: Any, outcome: str, *, note: str | None,
-           actor: str, output: Any = None) -> Resolution:
+           actor: str, output: Any = None, request: Request | None = None) -> Resolution:
     """Write the durable resolution of an open execution or LLM call, or refuse."""
     if not isinstance(execution_id, str) or not execution_id:
         raise ResolutionError(f"unknown execution id {execution_id!r}", reason="unknown")
@@ -95,14 +109,15 @@ def settle(core: Core, execution_id: Any, outcome: str, *, note: str | None,
             is_llm = execution_id in state.llm_calls
         if not (is_tool or is_llm):
             raise _not_open(core, execution_id)
-        record = _writes.resolved(rc.RESOLVED if is_tool else rc.LLM_RESOLVED, execution_id,
-                                  outcome, actor, note, output)
+        record = _answering(_writes.resolved(rc.RESOLVED if is_tool else rc.LLM_RESOLVED,
+                                             execution_id, outcome, actor, note, output),
+                            request)
         resolution = _resolution(core, core.write(record, durable=True))
     return observed(core.observers, resolution) if core.observers else resolution
 
 
 def _resolve_cut(core: Core, quarantine_file: Any, outcome: Any, *, note: Any,
-                 actor: Any) -> Resolution:
+                 actor: Any, request: Request | None) -> Resolution:
     """Settle a log_damage blocker: a person has looked at the cut bytes in quarantine/ and
     settled by hand whatever they held."""
     if outcome != REVIEWED:
@@ -110,7 +125,7 @@ def _resolve_cut(core: Core, quarantine_file: Any, outcome: Any, *, note: Any,
                               f"once a person has looked at them, not {outcome!r}",
                               reason="bad_outcome")
     check_actor(actor)
-    _check_note(note)
+    check_note(note)
     if not (note and note.strip()):
         raise ResolutionError("resolving damage needs a note saying what the cut bytes held and "
                               "what was done about it", reason="note_required")
@@ -125,7 +140,8 @@ def _resolve_cut(core: Core, quarantine_file: Any, outcome: Any, *, note: Any,
                 raise ResolutionError(f"cut {quarantine_file} does not block (a crash explains "
                                       "it, or it was resolved)", reason="already_resolved")
             raise ResolutionError(f"unknown blocker id {quarantine_file!r}", reason="unknown")
-        record = _writes.resolved(rc.LOG_CUT_RESOLVED, quarantine_file, REVIEWED, actor, note)
+        record = _answering(_writes.resolved(rc.LOG_CUT_RESOLVED, quarantine_file, REVIEWED,
+                                             actor, note), request)
         resolution = _resolution(core, core.write(record, durable=True))
     return observed(core.observers, resolution) if core.observers else resolution
 
@@ -157,11 +173,11 @@ def _not_open(core: Core, execution_id: str) -> ResolutionError:
     return ResolutionError(f"unknown execution id {execution_id!r}", reason="unknown")
 
 
-def resolve_turn(core: Core, turn_sequence: Any, *, note: Any,
-                 actor: Any) -> Resolution:
+def resolve_turn(core: Core, turn_sequence: Any, *, note: Any, actor: Any,
+                 request: Request | None = None) -> Resolution:
     """A person's resolution of an interrupted turn; see ToolJournal.resolve_turn."""
     check_actor(actor)
-    _check_note(note)
+    check_note(note)
     if type(turn_sequence) is not int:
         raise ResolutionError(f"unknown turn {turn_sequence!r}", reason="unknown")
     with core.resolve_lock, core.write_lock:
@@ -179,7 +195,8 @@ def resolve_turn(core: Core, turn_sequence: Any, *, note: Any,
         if turn.resolved:
             raise ResolutionError(f"turn {turn_sequence} was already resolved",
                                   reason="already_resolved")
-        seq = core.write(_writes.turn_resolved(turn_sequence, actor, note), durable=True)
+        seq = core.write(_answering(_writes.turn_resolved(turn_sequence, actor, note), request),
+                         durable=True)
         resolution = _resolution(core, seq)
     return observed(core.observers, resolution) if core.observers else resolution
 

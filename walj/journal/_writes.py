@@ -185,3 +185,18 @@ def resolved(kind: str, identifier: str, outcome: str, actor: str, note: str | N
     if output is not None:
         record["output"] = output
     return record
+
+
+def request_refused(request_id: str, request_kind: Any, target: Any, actor: Any, reason: str,
+                    error: str) -> dict[str, Any]:
+    """resolution_refused: a resolution request the writer refused; nothing else changed.
+    `request_kind`, `target` and `actor` are what the request said, when it could be read."""
+    return {"kind": rc.REQUEST_REFUSED, "version": rc.CONTRACT_VERSION, "request": request_id,
+            "at": now(), "request_kind": request_kind, "target": target, "actor": actor,
+            "reason": reason, "error": error}
+
+
+def released(request_id: str, actor: str, note: str | None) -> dict[str, Any]:
+    """journal_released: the writer closed the journal at another process's request."""
+    return {"kind": rc.RELEASED, "version": rc.CONTRACT_VERSION, "request": request_id,
+            "at": now(), "actor": actor, "note": note}

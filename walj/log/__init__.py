@@ -19,7 +19,8 @@ _segment (one segment's scan), _scan (the directory: order, seal chain, torn tai
 _quarantine (cut bytes and their manifest), _lock (one writer), _durability (sync modes, group
 commit, poisoning), _rotation (creating and sealing segments), _opening (options and tail
 recovery), _log (the writer), _read (reader and verifier), _base (the BASE marker of a
-compacted log), _compaction (Log.drop_before).
+compacted log), _compaction (Log.drop_before), _requests (request files in `requests/`: asks
+another process leaves for the live writer).
 """
 
 from __future__ import annotations
@@ -28,6 +29,21 @@ from ._base import BASE_NAME, Base
 from ._log import Log
 from ._quarantine import CutLine, Quarantined
 from ._read import Record, VerifyReport, read, verify
+from ._requests import (
+           PICK_UP_LIMIT,
+           REQUEST_LIMIT,
+           REQUESTS_DIR,
+           MalformedRequestError,
+           RequestWatch,
+)
+from ._requests import holds_log as holds_log
+from ._requests import load as load_request
+from ._requests import pending as pending_requests
+from ._requests import post as post_request
+from ._requests import remove as remove_request
+from ._requests import remove_stale as remove_stale_requests
 
-__all__ = ["BASE_NAME", "Base", "CutLine", "Log", "Quarantined", "Record", "VerifyReport", "read",
-           "verify"]
+__all__ = ["BASE_NAME", "PICK_UP_LIMIT", "REQUESTS_DIR", "REQUEST_LIMIT", "Base", "CutLine", "Log",
+           "MalformedRequestError", "Quarantined", "Record", "RequestWatch", "VerifyReport",
+           "holds_log", "load_request", "pending_requests", "post_request", "read",
+           "remove_request", "remove_stale_requests", "verify"]
