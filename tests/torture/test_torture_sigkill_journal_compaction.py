@@ -31,6 +31,12 @@ class Oracle:
     finished: dict[str, tuple[str, int]] = field(default_factory=dict)  # id -> (call id, x)
     unknown: set[str] = field(default_factory=set)
     resolved: set[str] = field(default_factory=set)
+    # Resolutions found on disk after a kill, said or not. A kill between a resolution's
+    # durable record and its R line leaves it unsaid, yet it settles its execution for good,
+    # and a later round's compaction may drop its segment (with no archive, nothing keeps it):
+    # so it is remembered from the check that first saw it, the one right after that kill
+    # (the record was the child's last act, so no compaction of the same round dropped it).
+    resolved_on_disk: set[str] = field(default_factory=set)
     compacted_to: int = 0  # the highest seq below which a compaction may have dropped
 
     def feed(self, lines: list[str]) -> None:
@@ -77,13 +83,12 @@ class Oracle:
                          if r.data.get("kind") == STARTED}
         with walj.ToolJournal.open(path, recovery="salvage") as journal:
             blocking = {b.execution_id for b in journal.recovery.blockers if b.execution_id}
-        # A resolution the kill cut off from its oracle line is on disk, among the last records.
-        resolved_unsaid = {r.data.get("execution_id") for r in local
-                           if r.data.get("kind") == RESOLVED}
-        waiting = self.unknown - self.resolved - resolved_unsaid
+        self.resolved_on_disk |= {r.data.get("execution_id") for r in local
+                                  if r.data.get("kind") == RESOLVED}
+        waiting = self.unknown - self.resolved - self.resolved_on_disk
         assert waiting <= blocking, f"{context}: acknowledged blockers forgotten: " \
             f"{sorted(waiting - blocking)[:5]}"
-        settled = (set(self.finished) | self.resolved) & blocking
+        settled = (set(self.finished) | self.resolved | self.resolved_on_disk) & blocking
         assert not settled, f"{context}: settled executions block again: {sorted(settled)[:5]}"
         carried = len(waiting - local_started)  # their intent is in no local segment now
         TALLY.add(checked=len(waiting), blockers_carried=carried)
