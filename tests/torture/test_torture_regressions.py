@@ -326,3 +326,81 @@ def test_regression_unsaid_resolution_compacted_away_counted_forgotten(
     blind.feed([f"U {resolved}", *lines])
     with pytest.raises(AssertionError, match=rf"blockers forgotten: \['{resolved}'\]"):
         blind.check(path, url, "round 3, round 2 unchecked")
+
+
+# Leaves a blocker (optionally across a compaction), then starts a checkpoint and dies by
+# SIGKILL in the middle of writing its first part: the short write a kill during a large
+# write() leaves, at a page boundary, so the next segment begins with a torn checkpoint.
+_TEAR_A_CHECKPOINT = """
+import os, signal, sys
+import walj
+from walj.log._fs import FileSystem
+
+class TearsACheckpoint(FileSystem):
+    armed = False
+
+    def write(self, fd, data):
+        if self.armed and b'"data":{"kind":"checkpoint"' in data[:100]:
+            assert len(data) > 4096, len(data)
+            os.write(fd, data[:4096 - os.fstat(fd).st_size % 4096])
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().write(fd, data)
+
+def lost(x):
+    raise walj.ToolOutcomeUnknown("the connection dropped after the request went out")
+
+fs = TearsACheckpoint()
+def ok(x, pad):
+    return {"x": x, "pad": pad}  # stored: the checkpoint carries it, a part spans pages
+
+journal = walj.ToolJournal.open(sys.argv[1], tools={"ok": ok, "lost": lost},
+                                sync="batch", segment_bytes=1024, store_outputs=True, _fs=fs)
+for x in range(8):
+    with journal.turn() as turn:
+        turn.dispatch("ok", {"x": x, "pad": "p" * 2000}, call_id=f"ok-{x}")
+with journal.turn() as turn:
+    try:
+        turn.dispatch("lost", {"x": 0}, call_id="lost")
+    except walj.ToolOutcomeUnknown:
+        pass
+(blocker,) = journal.recovery.blockers
+print(blocker.execution_id, flush=True)
+if sys.argv[2] == "compacted":
+    journal.compact(keep_turns=0)
+fs.armed = True
+journal.checkpoint()
+"""
+
+
+@pytest.mark.parametrize("recovery", ["tolerate_tail", "salvage"])
+@pytest.mark.parametrize("history", ["compacted", "whole"])
+def test_regression_checkpoint_torn_in_its_first_part_forgets_blockers(
+        tmp_path: Path, history: str, recovery: str) -> None:
+    """A SIGKILL in the middle of writing a checkpoint's first part left its opening bytes as
+    a torn tail at the start of a segment. The open chose that segment to rebuild from (it
+    looks at a segment's first bytes, unverified), the scan fed no record at all, and the
+    empty state passed for a whole one: with recovery="salvage" the journal reported no
+    blockers (the SIGKILL journal-compaction test's "acknowledged blockers forgotten"); with
+    the default recovery it cut the tail, then refused to open, saying the log had no complete
+    checkpoint. The open now passes over a checkpoint it began at and did not load."""
+    path = tmp_path / "journal"
+    child = subprocess.run([sys.executable, "-c", _TEAR_A_CHECKPOINT, str(path), history],
+                           env=ENV, capture_output=True, text=True, timeout=60)
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    blocker = child.stdout.split()[0]
+    last = sorted(path.glob("seg-*.jsonl"))[-1].read_bytes()
+    header, torn = last.split(b"\n", 1)
+    assert b'"data":{"kind":"checkpoint"' in torn[:100] and not torn.endswith(b"\n")
+    assert len(last) % 4096 == 0
+    assert (next(iter(walj.read(path))).seq > 1) == (history == "compacted")
+    ran: list[int] = []
+
+    def spy(x: int) -> None:
+        ran.append(x)
+
+    with walj.ToolJournal.open(path, tools={"ok": spy}, recovery=recovery) as journal:
+        assert [b.execution_id for b in journal.recovery.blockers] == [blocker]
+        if recovery != "salvage":  # read-only
+            with journal.turn() as turn:
+                assert turn.dispatch("ok", {"x": 1}, call_id="after").outcome == "blocked"
+    assert not ran
