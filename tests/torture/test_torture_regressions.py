@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from faultfs import FaultyFS, abandon
+from sigkill import ENV
+from test_torture_sigkill_journal_compaction import Oracle
 
 import walj
 
@@ -244,3 +249,158 @@ def test_regression_verify_ends_a_log_dropped_whole_at_its_base(tmp_path: Path) 
     assert report.ok and report.last_seq == 30 and list(walj.read(path)) == []
     with walj.Log.open(path) as log:
         assert log.last_seq == 30 and log.append({"i": 30}) == 31
+
+
+# Resolves one execution, then dies by SIGKILL before it could say so: the kill that falls
+# between a resolution's durable record and the workload child's "R" oracle line.
+_RESOLVE_THEN_DIE = """
+import os, signal, sys
+import walj
+journal = walj.ToolJournal.open(sys.argv[1], sync="batch", segment_bytes=1024)
+journal.resolve(sys.argv[2], "not_performed", note="torture", actor="torture")
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def _lost(x: int) -> None:
+    raise walj.ToolOutcomeUnknown("the connection dropped after the request went out")
+
+
+def _ok(x: int) -> dict[str, int]:
+    return {"x": x, "double": 2 * x}
+
+
+def _lose_a_call(journal: walj.ToolJournal, call_id: str) -> str:
+    """Dispatch a call whose outcome is unknown; the id of the blocker it leaves."""
+    with journal.turn() as turn, pytest.raises(walj.ToolOutcomeUnknown):
+        turn.dispatch("lost", {"x": 0}, call_id=call_id)
+    (blocker,) = journal.recovery.blockers
+    assert blocker.execution_id is not None
+    return blocker.execution_id
+
+
+@pytest.mark.parametrize("archived", [True, False])
+def test_regression_unsaid_resolution_compacted_away_counted_forgotten(
+        tmp_path: Path, archived: bool) -> None:
+    """The SIGKILL journal-compaction test failed under load with "acknowledged blockers
+    forgotten": a kill fell after a resolution was durable and before the child said so, and a
+    later round's compaction dropped the segment holding that resolution. The oracle took
+    unsaid resolutions only from the local segments of the moment, so it still counted the
+    execution as an acknowledged blocker, while the journal rightly no longer blocked on it.
+    The oracle was wrong, not walj: it now remembers every resolution it has seen on disk."""
+    path = tmp_path / "journal"
+    url = f"file://{tmp_path / 'archive'}" if archived else None
+    options = {"sync": "batch", "segment_bytes": 1024, "store_outputs": True}
+    oracle = Oracle()
+    with walj.ToolJournal.open(path, tools={"ok": _ok, "lost": _lost}, **options) as journal:
+        resolved = _lose_a_call(journal, "lost-1")
+    oracle.feed([f"U {resolved}"])
+    oracle.check(path, url, "round 1")
+
+    child = subprocess.run([sys.executable, "-c", _RESOLVE_THEN_DIE, str(path), resolved],
+                           env=ENV, capture_output=True, text=True, timeout=60)
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    oracle.check(path, url, "round 2")  # no "R" line: the resolution is found on disk
+
+    with walj.ToolJournal.open(path, tools={"ok": _ok, "lost": _lost}, **options) as journal:
+        for x in range(8):
+            with journal.turn() as turn:
+                turn.dispatch("ok", {"x": x}, call_id=f"ok-{x}")
+        waiting = _lose_a_call(journal, "lost-2")  # a blocker whose intent is dropped too
+        for x in range(8):
+            with journal.turn() as turn:
+                assert turn.dispatch("ok", {"x": x}, call_id=f"after-{x}").outcome == "blocked"
+        lines = [f"U {waiting}", f"a {journal._log.last_seq + 1}"]
+        report = journal.compact(keep_turns=0, archive=url)
+        lines.append(f"A {report.first_seq}")
+        assert {b.execution_id for b in journal.recovery.blockers} == {waiting}
+    oracle.feed(lines)
+    local = [r.data for r in walj.read(path)]
+    assert report.dropped_segments and not any(
+        d.get("kind") in ("tool_execution_started", "tool_execution_resolved") for d in local)
+    oracle.check(path, url, "round 3")  # failed here: [resolved] forgotten
+
+    # Only a resolution a check saw on disk excuses a blocker: an oracle that did not look
+    # after the kill before "R" still counts that blocker forgotten.
+    blind = Oracle()
+    blind.feed([f"U {resolved}", *lines])
+    with pytest.raises(AssertionError, match=rf"blockers forgotten: \['{resolved}'\]"):
+        blind.check(path, url, "round 3, round 2 unchecked")
+
+
+# Leaves a blocker (optionally across a compaction), then starts a checkpoint and dies by
+# SIGKILL in the middle of writing its first part: the short write a kill during a large
+# write() leaves, at a page boundary, so the next segment begins with a torn checkpoint.
+_TEAR_A_CHECKPOINT = """
+import os, signal, sys
+import walj
+from walj.log._fs import FileSystem
+
+class TearsACheckpoint(FileSystem):
+    armed = False
+
+    def write(self, fd, data):
+        if self.armed and b'"data":{"kind":"checkpoint"' in data[:100]:
+            assert len(data) > 4096, len(data)
+            os.write(fd, data[:4096 - os.fstat(fd).st_size % 4096])
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().write(fd, data)
+
+def lost(x):
+    raise walj.ToolOutcomeUnknown("the connection dropped after the request went out")
+
+fs = TearsACheckpoint()
+def ok(x, pad):
+    return {"x": x, "pad": pad}  # stored: the checkpoint carries it, a part spans pages
+
+journal = walj.ToolJournal.open(sys.argv[1], tools={"ok": ok, "lost": lost},
+                                sync="batch", segment_bytes=1024, store_outputs=True, _fs=fs)
+for x in range(8):
+    with journal.turn() as turn:
+        turn.dispatch("ok", {"x": x, "pad": "p" * 2000}, call_id=f"ok-{x}")
+with journal.turn() as turn:
+    try:
+        turn.dispatch("lost", {"x": 0}, call_id="lost")
+    except walj.ToolOutcomeUnknown:
+        pass
+(blocker,) = journal.recovery.blockers
+print(blocker.execution_id, flush=True)
+if sys.argv[2] == "compacted":
+    journal.compact(keep_turns=0)
+fs.armed = True
+journal.checkpoint()
+"""
+
+
+@pytest.mark.parametrize("recovery", ["tolerate_tail", "salvage"])
+@pytest.mark.parametrize("history", ["compacted", "whole"])
+def test_regression_checkpoint_torn_in_its_first_part_forgets_blockers(
+        tmp_path: Path, history: str, recovery: str) -> None:
+    """A SIGKILL in the middle of writing a checkpoint's first part left its opening bytes as
+    a torn tail at the start of a segment. The open chose that segment to rebuild from (it
+    looks at a segment's first bytes, unverified), the scan fed no record at all, and the
+    empty state passed for a whole one: with recovery="salvage" the journal reported no
+    blockers (the SIGKILL journal-compaction test's "acknowledged blockers forgotten"); with
+    the default recovery it cut the tail, then refused to open, saying the log had no complete
+    checkpoint. The open now passes over a checkpoint it began at and did not load."""
+    path = tmp_path / "journal"
+    child = subprocess.run([sys.executable, "-c", _TEAR_A_CHECKPOINT, str(path), history],
+                           env=ENV, capture_output=True, text=True, timeout=60)
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    blocker = child.stdout.split()[0]
+    last = sorted(path.glob("seg-*.jsonl"))[-1].read_bytes()
+    header, torn = last.split(b"\n", 1)
+    assert b'"data":{"kind":"checkpoint"' in torn[:100] and not torn.endswith(b"\n")
+    assert len(last) % 4096 == 0
+    assert (next(iter(walj.read(path))).seq > 1) == (history == "compacted")
+    ran: list[int] = []
+
+    def spy(x: int) -> None:
+        ran.append(x)
+
+    with walj.ToolJournal.open(path, tools={"ok": spy}, recovery=recovery) as journal:
+        assert [b.execution_id for b in journal.recovery.blockers] == [blocker]
+        if recovery != "salvage":  # read-only
+            with journal.turn() as turn:
+                assert turn.dispatch("ok", {"x": 1}, call_id="after").outcome == "blocked"
+    assert not ran

@@ -8,6 +8,7 @@ replay, its handler never run again."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +21,7 @@ import walj
 MODES = ("always", "batch")
 ROUNDS = 3
 JOURNAL_COMPACT_TRIALS = max(4, TRIALS // 20)  # 10 at the default budget
+EXTRA_BATCHES = 2  # of JOURNAL_COMPACT_TRIALS more, only while no blocker was carried
 STARTED, FINISHED = "tool_execution_started", "tool_execution_finished"
 RESOLVED = "tool_execution_resolved"
 
@@ -31,6 +33,12 @@ class Oracle:
     finished: dict[str, tuple[str, int]] = field(default_factory=dict)  # id -> (call id, x)
     unknown: set[str] = field(default_factory=set)
     resolved: set[str] = field(default_factory=set)
+    # Resolutions found on disk after a kill, said or not. A kill between a resolution's
+    # durable record and its R line leaves it unsaid, yet it settles its execution for good,
+    # and a later round's compaction may drop its segment (with no archive, nothing keeps it):
+    # so it is remembered from the check that first saw it, the one right after that kill
+    # (the record was the child's last act, so no compaction of the same round dropped it).
+    resolved_on_disk: set[str] = field(default_factory=set)
     compacted_to: int = 0  # the highest seq below which a compaction may have dropped
 
     def feed(self, lines: list[str]) -> None:
@@ -77,13 +85,12 @@ class Oracle:
                          if r.data.get("kind") == STARTED}
         with walj.ToolJournal.open(path, recovery="salvage") as journal:
             blocking = {b.execution_id for b in journal.recovery.blockers if b.execution_id}
-        # A resolution the kill cut off from its oracle line is on disk, among the last records.
-        resolved_unsaid = {r.data.get("execution_id") for r in local
-                           if r.data.get("kind") == RESOLVED}
-        waiting = self.unknown - self.resolved - resolved_unsaid
+        self.resolved_on_disk |= {r.data.get("execution_id") for r in local
+                                  if r.data.get("kind") == RESOLVED}
+        waiting = self.unknown - self.resolved - self.resolved_on_disk
         assert waiting <= blocking, f"{context}: acknowledged blockers forgotten: " \
             f"{sorted(waiting - blocking)[:5]}"
-        settled = (set(self.finished) | self.resolved) & blocking
+        settled = (set(self.finished) | self.resolved | self.resolved_on_disk) & blocking
         assert not settled, f"{context}: settled executions block again: {sorted(settled)[:5]}"
         carried = len(waiting - local_started)  # their intent is in no local segment now
         TALLY.add(checked=len(waiting), blockers_carried=carried)
@@ -143,5 +150,17 @@ def one_trial(tmp_path: Path, trial: int) -> None:
 
 
 def test_sigkill_journal_checkpoints_and_compactions(tmp_path: Path) -> None:
-    run_trials(JOURNAL_COMPACT_TRIALS, lambda trial: one_trial(tmp_path, trial))
-    assert TALLY["blockers_carried"] > 0, "no blocker outlived the segment of its intent"
+    def trials_from(first: int) -> Callable[[int], None]:
+        return lambda trial: one_trial(tmp_path, first + trial)
+
+    carried = TALLY["blockers_carried"]
+    run_trials(JOURNAL_COMPACT_TRIALS, trials_from(0))
+    # How far a child gets before its kill depends on the machine's load: on a loaded one,
+    # every trial's blockers can be resolved, or killed before a compaction, about one run in
+    # ten. More trials then, each checked in full, until a blocker outlived the segment of its
+    # intent (within a bound), so that the case this test exists for is always exercised.
+    for batch in range(1, EXTRA_BATCHES + 1):
+        if TALLY["blockers_carried"] > carried:
+            break
+        run_trials(JOURNAL_COMPACT_TRIALS, trials_from(batch * JOURNAL_COMPACT_TRIALS))
+    assert TALLY["blockers_carried"] > carried, "no blocker outlived the segment of its intent"

@@ -59,8 +59,11 @@ def run_child(request: dict[str, object], oracle_fd: int, stderr_fd: int) -> Non
 
 def serve(path: str) -> None:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
+    # The client connects once the path exists: bound under another name and renamed once
+    # listening, since a connect between bind and listen is refused (ECONNREFUSED).
+    listener.bind(path + ".new")
     listener.listen(64)
+    os.rename(path + ".new", path)
     waiting: dict[socket.socket, int] = {}  # connection -> child pid, until the client's ok
     acked: dict[int, socket.socket] = {}  # child pid -> connection, to report its exit
     stdin = sys.stdin.fileno()

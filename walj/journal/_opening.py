@@ -54,10 +54,16 @@ def _passed_over(log: Log, state: RecoveryState, chosen: list[str],
                  passed_over: set[str]) -> str | None:
     """The checkpoint the open began at, when the state could not be taken from it (a crash
     cut it short): the next try passes it over. None when the state is whole."""
-    if state.loading is None and not state.awaiting:
+    began_at = chosen[-1] if chosen else None
+    # The start is chosen from a segment's first bytes, unverified: a kill in the middle of
+    # writing a checkpoint's first part (a short write) leaves its opening bytes as a torn
+    # tail, and the scan from there feeds no record at all. The state is then empty, not
+    # whole: without this, every blocker before it would be forgotten.
+    loaded = began_at is None or state.from_checkpoint is not None
+    if loaded and state.loading is None and not state.awaiting:
         return None
-    if chosen and chosen[-1] not in passed_over:
-        return chosen[-1]
+    if began_at is not None and began_at not in passed_over:
+        return began_at
     if log.first_seq > 1:
         raise WaljError(f"{log.path} was compacted without a complete checkpoint after its "
                         "base: a tool journal cannot know what the dropped segments held open, "
