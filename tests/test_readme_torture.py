@@ -89,9 +89,23 @@ def test_a_partial_run_writes_no_record(results: ModuleType) -> None:
     before = results.LATEST.read_bytes()
     env = dict(os.environ, WALJ_TORTURE_RECORD="1", WALJ_TORTURE="2")
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0",
          "tests/torture/test_torture_regressions.py", "-k", "deeply_nested"],
         cwd=ROOT, env=env, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "record: not written" in done.stdout, done.stdout
+    assert results.LATEST.read_bytes() == before
+
+
+def test_a_record_is_refused_across_worker_processes(results: ModuleType) -> None:
+    """Spread over pytest-xdist's workers the figures would be counted in processes the record
+    never sees: asking for a record there is a usage error, and nothing is written."""
+    before = results.LATEST.read_bytes()
+    env = dict(os.environ, WALJ_TORTURE_RECORD="1", WALJ_TORTURE="2")
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2",
+         "tests/torture/test_torture_regressions.py", "-k", "deeply_nested"],
+        cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == pytest.ExitCode.USAGE_ERROR, done.stdout + done.stderr
+    assert "run it with -n 0" in done.stderr, done.stderr
     assert results.LATEST.read_bytes() == before

@@ -33,6 +33,14 @@ if RECORD:
     _source.append(source_state())
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # The figures are counted in the process that runs the tests: spread over pytest-xdist's
+    # workers, the record would hold none of them. The default run uses workers; a record not.
+    if RECORD and config.getoption("numprocesses", default=None):
+        raise pytest.UsageError("WALJ_TORTURE_RECORD=1 counts every family in one process: "
+                                "run it with -n 0")
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     _collected.update(Path(item.path).name for item in session.items
                       if Path(item.path).parent == HERE)

@@ -1,7 +1,7 @@
 """The record of a whole torture run (tests/torture/results/latest.json) and the README table
 rendered from it.
 
-    WALJ_TORTURE_RECORD=1 WALJ_SEED=S WALJ_TORTURE=N python -m pytest tests/torture -q
+    WALJ_TORTURE_RECORD=1 WALJ_SEED=S WALJ_TORTURE=N python -m pytest tests/torture -q -n 0
     python tests/torture/results.py            # rewrite README.md's "What walj survives" block
     python tests/torture/results.py --check    # exit 1 if README.md differs from the record
 
@@ -70,7 +70,7 @@ def make_record(summary: dict[str, Any], *, source: tuple[str, bool], duration_s
         "seed": summary["seed"],
         "knob": summary["knob"],
         "command": f"WALJ_SEED={summary['seed']} WALJ_TORTURE={summary['knob']} "
-                   "python -m pytest tests/torture -q",
+                   "python -m pytest tests/torture -q -n 0",
         "duration_s": round(duration_s, 1),
         "tests_passed": tests_passed,
         "cores": os.cpu_count(),
