@@ -51,9 +51,19 @@ from walj.journal import _requests
 from walj.journal._requests import request_fields
 from walj.log import post_request
 
-# The process-wide watcher thread would race the traced pick-up for the same request (an
-# interrupt lands on the main thread, never on it): here it waits, so each trial is the same.
-_requests.WATCH_INTERVAL = 3600.0
+
+@pytest.fixture(scope="module", autouse=True)
+def _watcher_waits() -> Iterator[None]:
+    """The process-wide watcher thread would race the traced pick-up for the same request (an
+    interrupt lands on the main thread, never on it): while this module runs it waits, so each
+    trial is the same. Afterwards the interval is restored and the sleeping watcher woken, so
+    the tests that run next in this process have a watcher again."""
+    before = _requests.WATCH_INTERVAL
+    _requests.WATCH_INTERVAL = 3600.0
+    yield
+    _requests.WATCH_INTERVAL = before
+    _requests._watcher.wake.set()
+    _requests._watcher.wake.clear()
 
 MODES = ("always", "batch", "interval", "never")
 SEGMENT_BYTES = 1024
