@@ -14,9 +14,12 @@ own per-session state, which closes the journal when it closes). Rules:
 - At most `max_open` are open: opening one more closes the least recently used idle ones.
   Active ones are never evicted, so a burst of concurrent runs may exceed it for a while.
 - A journal that another process holds (its lock is taken: another worker of a pool serving
-  the same thread) is waited for, up to `lock_timeout` seconds, then `walj.LockedError`.
-- A journal that closed on its own (a request to release it) is forgotten, and opened again on
-  its next use.
+  the same thread) is asked to release it (`walj.request_release`), then waited for, up to
+  `lock_timeout` seconds in all, then `walj.LockedError`.
+- Every journal is opened with `release_on_request`: such an ask from another process closes
+  it at its next idle moment, never while a run of its session is active here (the registry's
+  answer, atomic with handing it out). A journal so released is forgotten (closed, its entry
+  dropped) at the next use or sweep, and opened again on its next use.
 
 Opening and closing run outside the registry's lock, so one session that waits for its lock
 holds up no other. A KeyboardInterrupt anywhere leaves each session either registered and
@@ -41,6 +44,10 @@ import walj
 DEFAULT_IDLE_TIMEOUT = 600.0
 DEFAULT_MAX_OPEN = 1024
 DEFAULT_LOCK_TIMEOUT = 30.0
+# Who asks another process to release a session's journal (the actor of its request).
+RELEASE_ACTOR = "walj-integration"
+# The mark of an entry whose journal agreed to close itself at another process's request.
+_RELEASED = object()
 
 
 class Held(Protocol):
@@ -104,6 +111,9 @@ class SessionJournals(Generic[H]):
         check_limits(idle_timeout, max_open, lock_timeout)
         if "lock_timeout" in options:
             raise ValueError("pass lock_timeout to the integration, not as a journal option")
+        if "release_on_request" in options:
+            raise ValueError("the integration answers release requests itself; "
+                             "release_on_request is not a journal option here")
         self._root = os.fspath(root)
         self._make = make
         self._options = dict(options)
@@ -161,17 +171,20 @@ class SessionJournals(Generic[H]):
     def _use(self, session_id: str, runs: int) -> H:
         self.sweep()
         mine: _Entry[H] | None = None
+        released = False
         try:
             while True:
                 with self._lock:
                     if self._closed:
                         raise walj.ClosedError("this integration was closed")
                     entry = self._entries.get(session_id)
-                    if (entry is not None and entry.held is not None
+                    if (entry is not None and entry.held is not None and entry.closing is None
                             and entry.held.journal.closed):
                         del self._entries[session_id]  # it closed itself: opened again below
                         entry = None
-                    if entry is not None and entry.closing is not None:
+                    if entry is not None and entry.closing is _RELEASED:
+                        released = True
+                    elif entry is not None and entry.closing is not None:
                         waiting = entry.gone  # being closed: opened again once it is
                     elif entry is not None and entry.held is not None:
                         entry.active += runs
@@ -183,6 +196,10 @@ class SessionJournals(Generic[H]):
                         break
                     else:
                         waiting = entry.ready
+                if released:
+                    self._forget_released()  # closed and forgotten: opened again next round
+                    released = False
+                    continue
                 waiting.wait()  # another thread opens it: use what it opened, or try again
             held = self._open(session_id, mine, runs)
         except BaseException:
@@ -224,16 +241,47 @@ class SessionJournals(Generic[H]):
         entry.ready.set()
 
     def _open_journal(self, session_id: str) -> walj.ToolJournal:
-        """Open the session's journal; when another process holds it, wait for its lock up to
-        `lock_timeout` seconds. (A request that the holder release an idle journal belongs just
-        before the wait.)"""
+        """Open the session's journal; when another process holds it, ask that process to
+        release it, then wait for its lock: `lock_timeout` seconds in all."""
+        options = {**self._options, "release_on_request": self._release_gate(session_id)}
         try:
-            return walj.ToolJournal.open_session(self._root, session_id, **self._options)
+            return walj.ToolJournal.open_session(self._root, session_id, **options)
         except walj.LockedError:
             if self.lock_timeout == 0:
                 raise
-        return walj.ToolJournal.open_session(self._root, session_id, lock_timeout=self.lock_timeout,
-                                             **self._options)
+        deadline = time.monotonic() + self.lock_timeout
+        path = walj.ToolJournal.session_path(self._root, session_id)
+        try:
+            walj.request_release(path, actor=RELEASE_ACTOR, wait=0,
+                                 note=f"process {os.getpid()} waits to open the session")
+        except (walj.WaljError, OSError):
+            pass  # not asked (the request could not be written): the wait is all there is
+        return walj.ToolJournal.open_session(
+            self._root, session_id, lock_timeout=max(0.0, deadline - time.monotonic()),
+            **options)
+
+    def _release_gate(self, session_id: str) -> Callable[[], bool]:
+        """The journal's answer to a release request (asked under its locks when it is idle):
+        yes only when it is registered and no run of the session is active or starting here
+        (one being opened, or opened by `end`, is not registered: no). The yes marks the
+        entry, so from then on no one is handed it. (This process holds one journal of a
+        session at a time: the lock.)"""
+        def may_release() -> bool:
+            with self._lock:
+                entry = self._entries.get(session_id)
+                if entry is None or not _idle(entry):
+                    return False
+                entry.closing = _RELEASED
+                return True
+        return may_release
+
+    def _forget_released(self) -> None:
+        """Close (finishing what the journal began) and forget the entries whose journal
+        agreed to be released."""
+        try:
+            self._close_picked(lambda entries: [e for _, e in entries if e.closing is _RELEASED])
+        except walj.WaljError:
+            pass  # the journal closed itself; what its close reports again changes nothing
 
     def _evict(self) -> None:
         """Close idle sessions, least recently used first, until at most `max_open` are open."""
@@ -246,7 +294,9 @@ class SessionJournals(Generic[H]):
     # --- closing --------------------------------------------------------------------------------
 
     def sweep(self) -> None:
-        """Close the sessions idle for `idle_timeout` seconds or more."""
+        """Forget the sessions released on request; close those idle for `idle_timeout`
+        seconds or more."""
+        self._forget_released()
         if self.idle_timeout is None:
             return
         timeout = self.idle_timeout
@@ -308,6 +358,8 @@ class SessionJournals(Generic[H]):
         is being opened."""
         def pick(entries: list[tuple[str, _Entry[H]]]) -> list[_Entry[H]]:
             entry = dict(entries).get(session_id)
+            if entry is not None and entry.closing is _RELEASED:
+                return [entry]  # released on request: finish its close here
             if entry is None or entry.closing is not None:
                 return []
             if entry.held is None or entry.active:
@@ -348,7 +400,8 @@ class SessionJournals(Generic[H]):
             self._closed = True
 
         def pick(entries: list[tuple[str, _Entry[H]]]) -> list[_Entry[H]]:
-            return [e for _, e in entries if e.held is not None and e.closing is None]
+            return [e for _, e in entries
+                    if e.held is not None and (e.closing is None or e.closing is _RELEASED)]
         self._close_picked(pick)
 
 
