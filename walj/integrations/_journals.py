@@ -34,12 +34,13 @@ import asyncio
 import os
 import threading
 import time
-import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, Protocol, TypeVar
 
 import walj
+
+from ._sweeper import Sweeper
 
 DEFAULT_IDLE_TIMEOUT = 600.0
 DEFAULT_MAX_OPEN = 1024
@@ -124,7 +125,7 @@ class SessionJournals(Generic[H]):
         self._entries: OrderedDict[str, _Entry[H]] = OrderedDict()  # least recently used first
         self._closed = False
         if self.idle_timeout is not None:
-            _Sweeper.watch(self)
+            Sweeper.watch(self)
 
     @property
     def root(self) -> str:
@@ -414,40 +415,3 @@ def _close_quietly(journal: walj.ToolJournal) -> None:
         journal.close()
     except walj.WaljError:
         pass  # the exception in flight says more
-
-
-class _Sweeper:
-    """The one daemon thread of a process that closes idle journals of every registry."""
-
-    _guard = threading.Lock()
-    _registries: weakref.WeakSet[SessionJournals[Any]] = weakref.WeakSet()
-    _wake = threading.Event()  # a new registry: its timeout may be shorter than the wait
-    _thread: threading.Thread | None = None
-    _pid = 0
-
-    @classmethod
-    def watch(cls, registry: SessionJournals[Any]) -> None:
-        with cls._guard:
-            cls._registries.add(registry)
-            cls._wake.set()
-            if cls._thread is None or cls._pid != os.getpid() or not cls._thread.is_alive():
-                cls._pid = os.getpid()
-                cls._thread = threading.Thread(target=cls._run, name="walj-idle-journals",
-                                               daemon=True)
-                cls._thread.start()
-
-    @classmethod
-    def _run(cls) -> None:
-        while True:
-            with cls._guard:
-                registries = list(cls._registries)
-                cls._wake.clear()
-            timeouts = [r.idle_timeout for r in registries if r.idle_timeout is not None]
-            # Often enough that a journal is closed within about a quarter of its timeout.
-            cls._wake.wait(min([60.0, *(t / 4 for t in timeouts)]))
-            for registry in registries:
-                try:
-                    registry.sweep()
-                except Exception:  # noqa: S112 - a close that failed is retried by nobody;
-                    continue  # the registry forgot it, and its next use opens it afresh
-            del registries
