@@ -406,7 +406,8 @@ def _interrupted_at(n: int, operation: Callable[[], Any]) -> int | None:
 JOURNALS_FILE = _journals_module.__file__
 
 
-@pytest.mark.parametrize("operation", ["acquire", "release", "end", "evict", "close"])
+@pytest.mark.parametrize("operation", ["acquire", "release", "end", "evict", "close",
+                                       "reacquire_released"])
 def test_an_interrupt_at_any_line_of_opening_or_closing_leaves_each_journal_whole(
     tmp_path: Path, operation: str
 ) -> None:
@@ -418,7 +419,11 @@ def test_an_interrupt_at_any_line_of_opening_or_closing_leaves_each_journal_whol
                                    max_open=1)
         if operation != "acquire":
             journals.get(THREAD)
+        if operation == "reacquire_released":  # another process's release, as its journal
+            assert journals._release_gate(THREAD)()  # makes it: the holder's yes, then
+            journals._entries[THREAD].held.journal.close()  # the journal closes itself
         act = {"acquire": functools.partial(journals.acquire, THREAD),
+               "reacquire_released": functools.partial(journals.acquire, THREAD),
                "release": functools.partial(journals.release, THREAD),
                "end": functools.partial(journals.end, THREAD),
                "evict": functools.partial(journals.get, "other"),

@@ -132,9 +132,10 @@ class SessionJournals(Generic[H]):
         return self._root
 
     def open_ids(self) -> list[str]:
-        """The sessions open now, least recently used first."""
+        """The sessions open now, least recently used first (not one released on request)."""
         with self._lock:
-            return [key for key, entry in self._entries.items() if entry.held is not None]
+            return [key for key, entry in self._entries.items()
+                    if entry.held is not None and entry.closing is not _RELEASED]
 
     # --- using ----------------------------------------------------------------------------------
 
