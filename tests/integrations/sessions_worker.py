@@ -1,7 +1,7 @@
 """Test helper run as a child process: one worker of a pool that serves LangGraph thread
-"user:42", through a ToolNode with WaljMiddleware as a server would configure it: idle journals
-kept for the default ten minutes, far longer than the 10 s a worker waits for a held lock, so
-only asking the holder to release its idle journal hands the thread over in time.
+"user:42", through a ToolNode with WaljMiddleware on its defaults: idle journals kept for ten
+minutes, far longer than the 30 s a worker waits for a held lock, so only asking the holder to
+release its idle journal hands the thread over in time.
 
 Usage: python sessions_worker.py ROOT EFFECTS NAME
 
@@ -28,7 +28,6 @@ from langgraph.prebuilt import ToolNode
 from walj.integrations.langchain import WaljMiddleware
 
 THREAD = "user:42"
-LOCK_TIMEOUT = 10.0
 
 
 def main() -> None:
@@ -47,7 +46,7 @@ def main() -> None:
             raise SystemExit("not killed")
         return f"sent {what}"
 
-    with WaljMiddleware(root, lock_timeout=LOCK_TIMEOUT) as walj_mw:
+    with WaljMiddleware(root) as walj_mw:
         builder = StateGraph(MessagesState)
         builder.add_node("tools", ToolNode([send], wrap_tool_call=walj_mw.wrap_tool_call))
         builder.add_edge(START, "tools")

@@ -279,7 +279,7 @@ def test_two_workers_take_turns_on_a_thread_and_a_kill_mid_tool_blocks_the_other
     try:
         assert a.line() == "READY" and b.line() == "READY"
         # The other worker holds the thread's idle journal for ten minutes (the default), far
-        # past the 10 s lock wait: each run asks it to release the journal, then takes it.
+        # past the 30 s lock wait: each run asks it to release the journal, then takes it.
         assert a.run("call_1", "one")["content"] == "sent one"
         assert b.run("call_2", "two")["content"] == "sent two"
         assert a.run("call_3", "three")["content"] == "sent three"
