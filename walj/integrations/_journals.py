@@ -124,6 +124,7 @@ class SessionJournals(Generic[H]):
         self._lock = threading.Lock()
         self._entries: OrderedDict[str, _Entry[H]] = OrderedDict()  # least recently used first
         self._closed = False
+        self._released = 0  # entries marked _RELEASED: most accesses have none to forget
         if self.idle_timeout is not None:
             Sweeper.watch(self)
 
@@ -199,7 +200,7 @@ class SessionJournals(Generic[H]):
                     else:
                         waiting = entry.ready
                 if released:
-                    self._forget_released()  # closed and forgotten: opened again next round
+                    self._forget_released(found=True)  # forgotten: opened again next round
                     released = False
                     continue
                 waiting.wait()  # another thread opens it: use what it opened, or try again
@@ -274,14 +275,21 @@ class SessionJournals(Generic[H]):
                 if entry is None or not _idle(entry):
                     return False
                 entry.closing = _RELEASED
+                self._released += 1
                 return True
         return may_release
 
-    def _forget_released(self) -> None:
+    def _forget_released(self, *, found: bool = False) -> None:
         """Close (finishing what the journal began) and forget the entries whose journal
-        agreed to be released."""
+        agreed to be released; `found`: one was seen, whatever the count says (an interrupt
+        may have cut a pass short after it reset the count)."""
+        def pick(entries: list[tuple[str, _Entry[H]]]) -> list[_Entry[H]]:
+            self._released = 0  # under the lock: each one picked is closed and forgotten here
+            return [e for _, e in entries if e.closing is _RELEASED]
+        if not self._released and not found:
+            return  # none (read without the lock: one marked meanwhile is found next time)
         try:
-            self._close_picked(lambda entries: [e for _, e in entries if e.closing is _RELEASED])
+            self._close_picked(pick)
         except walj.WaljError:
             pass  # the journal closed itself; what its close reports again changes nothing
 
