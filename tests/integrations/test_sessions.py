@@ -1,7 +1,8 @@
 """The journals an integration holds: ended and released on request, closed once idle and
 opened again on the next call, bounded in number, never closed under a running call, left
-whole by a KeyboardInterrupt while opening or closing; and two worker processes that take
-turns on one thread, one SIGKILLed inside a tool."""
+whole by a KeyboardInterrupt while opening or closing (reopening one released on request
+too); and two worker processes that take turns on one thread, each asking the other to release
+it, one SIGKILLed inside a tool."""
 
 from __future__ import annotations
 
