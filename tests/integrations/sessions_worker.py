@@ -1,6 +1,7 @@
 """Test helper run as a child process: one worker of a pool that serves LangGraph thread
-"user:42", through a ToolNode with WaljMiddleware (idle journals closed after 0.3 s, a held
-lock waited for up to 30 s).
+"user:42", through a ToolNode with WaljMiddleware on its defaults: idle journals kept for ten
+minutes, far longer than the 30 s a worker waits for a held lock, so only asking the holder to
+release its idle journal hands the thread over in time.
 
 Usage: python sessions_worker.py ROOT EFFECTS NAME
 
@@ -45,7 +46,7 @@ def main() -> None:
             raise SystemExit("not killed")
         return f"sent {what}"
 
-    with WaljMiddleware(root, idle_timeout=0.3, lock_timeout=30) as walj_mw:
+    with WaljMiddleware(root) as walj_mw:
         builder = StateGraph(MessagesState)
         builder.add_node("tools", ToolNode([send], wrap_tool_call=walj_mw.wrap_tool_call))
         builder.add_edge(START, "tools")

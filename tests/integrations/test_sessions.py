@@ -1,7 +1,8 @@
 """The journals an integration holds: ended and released on request, closed once idle and
 opened again on the next call, bounded in number, never closed under a running call, left
-whole by a KeyboardInterrupt while opening or closing; and two worker processes that take
-turns on one thread, one SIGKILLed inside a tool."""
+whole by a KeyboardInterrupt while opening or closing (reopening one released on request
+too); and two worker processes that take turns on one thread, each asking the other to release
+it, one SIGKILLed inside a tool."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import asyncio
 import functools
 import json
 import os
-import selectors
 import signal
 import subprocess
 import sys
@@ -26,13 +26,13 @@ from langchain_core.messages import AIMessage, ToolMessage
 from langchain_core.tools import tool
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode
+from workers import Worker
 
 import walj
 from walj.integrations import _journals as _journals_module
-from walj.integrations._journals import JournalOnly, SessionJournals
+from walj.integrations._journals import RELEASE_ACTOR, JournalOnly, SessionJournals
 from walj.integrations.langchain import WaljMiddleware
 
-WORKER = Path(__file__).with_name("sessions_worker.py")
 THREAD = "user:42"
 CONFIG: Any = {"configurable": {"thread_id": THREAD}}
 
@@ -272,47 +272,6 @@ def test_bad_limits_are_clear_errors(tmp_path: Path) -> None:
 # --- two worker processes on one thread -----------------------------------------------------------
 
 
-class Worker:
-    """sessions_worker.py: runs one call of THREAD per line it reads."""
-
-    def __init__(self, root: Path, effects: Path, name: str) -> None:
-        self.name = name
-        self.process = subprocess.Popen(
-            [sys.executable, str(WORKER), str(root), str(effects), name],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env=fx.child_env())
-
-    def send(self, call_id: str, what: str) -> None:
-        assert self.process.stdin is not None
-        self.process.stdin.write(f"{call_id} {what}\n")
-        self.process.stdin.flush()
-
-    def line(self) -> str:
-        assert self.process.stdout is not None and self.process.stderr is not None
-        with selectors.DefaultSelector() as selector:
-            selector.register(self.process.stdout, selectors.EVENT_READ)
-            if not selector.select(fx.HANG_GUARD):
-                raise AssertionError(f"worker {self.name} said nothing")
-        line = self.process.stdout.readline().strip()
-        if not line:
-            self.process.wait(fx.HANG_GUARD)
-            raise AssertionError(self.process.stderr.read())
-        return line
-
-    def run(self, call_id: str, what: str) -> dict[str, Any]:
-        self.send(call_id, what)
-        answer: dict[str, Any] = json.loads(self.line())
-        return answer
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait()
-        for stream in (self.process.stdin, self.process.stdout, self.process.stderr):
-            if stream is not None:
-                stream.close()
-
-
 def test_two_workers_take_turns_on_a_thread_and_a_kill_mid_tool_blocks_the_other(
     tmp_path: Path
 ) -> None:
@@ -320,11 +279,13 @@ def test_two_workers_take_turns_on_a_thread_and_a_kill_mid_tool_blocks_the_other
     a, b = Worker(root, effects, "a"), Worker(root, effects, "b")
     try:
         assert a.line() == "READY" and b.line() == "READY"
-        # Each worker's run waits for the other's journal lock, held until that worker's
-        # journal has been idle for a moment, instead of failing with LockedError.
+        # The other worker holds the thread's idle journal for ten minutes (the default), far
+        # past the 30 s lock wait: each run asks it to release the journal, then takes it.
         assert a.run("call_1", "one")["content"] == "sent one"
         assert b.run("call_2", "two")["content"] == "sent two"
         assert a.run("call_3", "three")["content"] == "sent three"
+        # ... and the holder, asked again, gives it back while its process serves on.
+        assert b.run("call_3b", "again")["content"] == "sent again"
         # Worker b is SIGKILLed inside the tool, after its effect.
         b.send("call_4", "park")
         assert b.line() == "PARKED"
@@ -339,7 +300,12 @@ def test_two_workers_take_turns_on_a_thread_and_a_kill_mid_tool_blocks_the_other
     finally:
         a.stop()
         b.stop()
-    assert fx.effect_lines(effects) == ["a one", "b two", "a three", "b park"]
+    assert fx.effect_lines(effects) == ["a one", "b two", "a three", "b again", "b park"]
+    path = walj.ToolJournal.session_path(root, THREAD)
+    released = [r.data for r in walj.read(path) if r.data.get("kind") == "journal_released"]
+    # a -> b, b -> a, a -> b by request; the dead worker's lock needed none.
+    assert [r["actor"] for r in released] == [RELEASE_ACTOR] * 3
+    assert not (path / "requests").exists() or not list((path / "requests").iterdir())
     with walj.ToolJournal.open_session(root, THREAD) as journal:
         [doubt] = journal.recovery.blockers
         assert (doubt.call_id, doubt.state) == ("call_4", "started")
@@ -441,7 +407,12 @@ def _interrupted_at(n: int, operation: Callable[[], Any]) -> int | None:
 JOURNALS_FILE = _journals_module.__file__
 
 
-@pytest.mark.parametrize("operation", ["acquire", "release", "end", "evict", "close"])
+def _one_run(journals: SessionJournals[Any]) -> None:
+    journals.done(THREAD, journals.acquire(THREAD))
+
+
+@pytest.mark.parametrize("operation", ["acquire", "release", "end", "evict", "close",
+                                       "reacquire_released"])
 def test_an_interrupt_at_any_line_of_opening_or_closing_leaves_each_journal_whole(
     tmp_path: Path, operation: str
 ) -> None:
@@ -453,7 +424,11 @@ def test_an_interrupt_at_any_line_of_opening_or_closing_leaves_each_journal_whol
                                    max_open=1)
         if operation != "acquire":
             journals.get(THREAD)
+        if operation == "reacquire_released":  # another process's release, as its journal
+            assert journals._release_gate(THREAD)()  # makes it: the holder's yes, then
+            journals._entries[THREAD].held.journal.close()  # the journal closes itself
         act = {"acquire": functools.partial(journals.acquire, THREAD),
+               "reacquire_released": functools.partial(journals.acquire, THREAD),
                "release": functools.partial(journals.release, THREAD),
                "end": functools.partial(journals.end, THREAD),
                "evict": functools.partial(journals.get, "other"),
@@ -467,6 +442,11 @@ def test_an_interrupt_at_any_line_of_opening_or_closing_leaves_each_journal_whol
         for session in journals.open_ids():
             held = journals._entries[session].held
             assert held is not None and not held.journal.closed, line
+        if operation == "reacquire_released":  # what was cut short is finished by a run
+            run = threading.Thread(target=_one_run, args=(journals,), daemon=True)
+            run.start()
+            run.join(10)
+            assert not run.is_alive(), f"a run spins on a release cut short at line {line}"
         journals.close()
         assert open_fds() - before == set(), f"a descriptor leaked at line {line}"
         again = SessionJournals(root, JournalOnly, options={}, idle_timeout=None)

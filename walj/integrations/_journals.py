@@ -14,9 +14,12 @@ own per-session state, which closes the journal when it closes). Rules:
 - At most `max_open` are open: opening one more closes the least recently used idle ones.
   Active ones are never evicted, so a burst of concurrent runs may exceed it for a while.
 - A journal that another process holds (its lock is taken: another worker of a pool serving
-  the same thread) is waited for, up to `lock_timeout` seconds, then `walj.LockedError`.
-- A journal that closed on its own (a request to release it) is forgotten, and opened again on
-  its next use.
+  the same thread) is asked to release it (`walj.request_release`), then waited for, up to
+  `lock_timeout` seconds in all, then `walj.LockedError`.
+- Every journal is opened with `release_on_request`: such an ask from another process closes
+  it at its next idle moment, never while a run of its session is active here (the registry's
+  answer, atomic with handing it out). A journal so released is forgotten (closed, its entry
+  dropped) at the next use or sweep, and opened again on its next use.
 
 Opening and closing run outside the registry's lock, so one session that waits for its lock
 holds up no other. A KeyboardInterrupt anywhere leaves each session either registered and
@@ -31,16 +34,21 @@ import asyncio
 import os
 import threading
 import time
-import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, Protocol, TypeVar
 
 import walj
 
+from ._sweeper import Sweeper
+
 DEFAULT_IDLE_TIMEOUT = 600.0
 DEFAULT_MAX_OPEN = 1024
 DEFAULT_LOCK_TIMEOUT = 30.0
+# Who asks another process to release a session's journal (the actor of its request).
+RELEASE_ACTOR = "walj-integration"
+# The mark of an entry whose journal agreed to close itself at another process's request.
+_RELEASED = object()
 
 
 class Held(Protocol):
@@ -104,6 +112,9 @@ class SessionJournals(Generic[H]):
         check_limits(idle_timeout, max_open, lock_timeout)
         if "lock_timeout" in options:
             raise ValueError("pass lock_timeout to the integration, not as a journal option")
+        if "release_on_request" in options:
+            raise ValueError("the integration answers release requests itself; "
+                             "release_on_request is not a journal option here")
         self._root = os.fspath(root)
         self._make = make
         self._options = dict(options)
@@ -113,17 +124,19 @@ class SessionJournals(Generic[H]):
         self._lock = threading.Lock()
         self._entries: OrderedDict[str, _Entry[H]] = OrderedDict()  # least recently used first
         self._closed = False
+        self._released = 0  # entries marked _RELEASED: most accesses have none to forget
         if self.idle_timeout is not None:
-            _Sweeper.watch(self)
+            Sweeper.watch(self)
 
     @property
     def root(self) -> str:
         return self._root
 
     def open_ids(self) -> list[str]:
-        """The sessions open now, least recently used first."""
+        """The sessions open now, least recently used first (not one released on request)."""
         with self._lock:
-            return [key for key, entry in self._entries.items() if entry.held is not None]
+            return [key for key, entry in self._entries.items()
+                    if entry.held is not None and entry.closing is not _RELEASED]
 
     # --- using ----------------------------------------------------------------------------------
 
@@ -161,17 +174,20 @@ class SessionJournals(Generic[H]):
     def _use(self, session_id: str, runs: int) -> H:
         self.sweep()
         mine: _Entry[H] | None = None
+        released = False
         try:
             while True:
                 with self._lock:
                     if self._closed:
                         raise walj.ClosedError("this integration was closed")
                     entry = self._entries.get(session_id)
-                    if (entry is not None and entry.held is not None
+                    if (entry is not None and entry.held is not None and entry.closing is None
                             and entry.held.journal.closed):
                         del self._entries[session_id]  # it closed itself: opened again below
                         entry = None
-                    if entry is not None and entry.closing is not None:
+                    if entry is not None and entry.closing is _RELEASED:
+                        released = True
+                    elif entry is not None and entry.closing is not None:
                         waiting = entry.gone  # being closed: opened again once it is
                     elif entry is not None and entry.held is not None:
                         entry.active += runs
@@ -183,6 +199,10 @@ class SessionJournals(Generic[H]):
                         break
                     else:
                         waiting = entry.ready
+                if released:
+                    self._forget_released(found=True)  # forgotten: opened again next round
+                    released = False
+                    continue
                 waiting.wait()  # another thread opens it: use what it opened, or try again
             held = self._open(session_id, mine, runs)
         except BaseException:
@@ -224,16 +244,54 @@ class SessionJournals(Generic[H]):
         entry.ready.set()
 
     def _open_journal(self, session_id: str) -> walj.ToolJournal:
-        """Open the session's journal; when another process holds it, wait for its lock up to
-        `lock_timeout` seconds. (A request that the holder release an idle journal belongs just
-        before the wait.)"""
+        """Open the session's journal; when another process holds it, ask that process to
+        release it, then wait for its lock: `lock_timeout` seconds in all."""
+        options = {**self._options, "release_on_request": self._release_gate(session_id)}
         try:
-            return walj.ToolJournal.open_session(self._root, session_id, **self._options)
+            return walj.ToolJournal.open_session(self._root, session_id, **options)
         except walj.LockedError:
             if self.lock_timeout == 0:
                 raise
-        return walj.ToolJournal.open_session(self._root, session_id, lock_timeout=self.lock_timeout,
-                                             **self._options)
+        deadline = time.monotonic() + self.lock_timeout
+        path = walj.ToolJournal.session_path(self._root, session_id)
+        try:
+            walj.request_release(path, actor=RELEASE_ACTOR, wait=0,
+                                 note=f"process {os.getpid()} waits to open the session")
+        except (walj.WaljError, OSError):
+            pass  # not asked (the request could not be written): the wait is all there is
+        return walj.ToolJournal.open_session(
+            self._root, session_id, lock_timeout=max(0.0, deadline - time.monotonic()),
+            **options)
+
+    def _release_gate(self, session_id: str) -> Callable[[], bool]:
+        """The journal's answer to a release request (asked under its locks when it is idle):
+        yes only when it is registered and no run of the session is active or starting here
+        (one being opened, or opened by `end`, is not registered: no). The yes marks the
+        entry, so from then on no one is handed it. (This process holds one journal of a
+        session at a time: the lock.)"""
+        def may_release() -> bool:
+            with self._lock:
+                entry = self._entries.get(session_id)
+                if entry is None or not _idle(entry):
+                    return False
+                entry.closing = _RELEASED
+                self._released += 1
+                return True
+        return may_release
+
+    def _forget_released(self, *, found: bool = False) -> None:
+        """Close (finishing what the journal began) and forget the entries whose journal
+        agreed to be released; `found`: one was seen, whatever the count says (an interrupt
+        may have cut a pass short after it reset the count)."""
+        def pick(entries: list[tuple[str, _Entry[H]]]) -> list[_Entry[H]]:
+            self._released = 0  # under the lock: each one picked is closed and forgotten here
+            return [e for _, e in entries if e.closing is _RELEASED]
+        if not self._released and not found:
+            return  # none (read without the lock: one marked meanwhile is found next time)
+        try:
+            self._close_picked(pick)
+        except walj.WaljError:
+            pass  # the journal closed itself; what its close reports again changes nothing
 
     def _evict(self) -> None:
         """Close idle sessions, least recently used first, until at most `max_open` are open."""
@@ -246,7 +304,9 @@ class SessionJournals(Generic[H]):
     # --- closing --------------------------------------------------------------------------------
 
     def sweep(self) -> None:
-        """Close the sessions idle for `idle_timeout` seconds or more."""
+        """Forget the sessions released on request; close those idle for `idle_timeout`
+        seconds or more."""
+        self._forget_released()
         if self.idle_timeout is None:
             return
         timeout = self.idle_timeout
@@ -308,6 +368,8 @@ class SessionJournals(Generic[H]):
         is being opened."""
         def pick(entries: list[tuple[str, _Entry[H]]]) -> list[_Entry[H]]:
             entry = dict(entries).get(session_id)
+            if entry is not None and entry.closing is _RELEASED:
+                return [entry]  # released on request: finish its close here
             if entry is None or entry.closing is not None:
                 return []
             if entry.held is None or entry.active:
@@ -348,7 +410,8 @@ class SessionJournals(Generic[H]):
             self._closed = True
 
         def pick(entries: list[tuple[str, _Entry[H]]]) -> list[_Entry[H]]:
-            return [e for _, e in entries if e.held is not None and e.closing is None]
+            return [e for _, e in entries
+                    if e.held is not None and (e.closing is None or e.closing is _RELEASED)]
         self._close_picked(pick)
 
 
@@ -361,40 +424,3 @@ def _close_quietly(journal: walj.ToolJournal) -> None:
         journal.close()
     except walj.WaljError:
         pass  # the exception in flight says more
-
-
-class _Sweeper:
-    """The one daemon thread of a process that closes idle journals of every registry."""
-
-    _guard = threading.Lock()
-    _registries: weakref.WeakSet[SessionJournals[Any]] = weakref.WeakSet()
-    _wake = threading.Event()  # a new registry: its timeout may be shorter than the wait
-    _thread: threading.Thread | None = None
-    _pid = 0
-
-    @classmethod
-    def watch(cls, registry: SessionJournals[Any]) -> None:
-        with cls._guard:
-            cls._registries.add(registry)
-            cls._wake.set()
-            if cls._thread is None or cls._pid != os.getpid() or not cls._thread.is_alive():
-                cls._pid = os.getpid()
-                cls._thread = threading.Thread(target=cls._run, name="walj-idle-journals",
-                                               daemon=True)
-                cls._thread.start()
-
-    @classmethod
-    def _run(cls) -> None:
-        while True:
-            with cls._guard:
-                registries = list(cls._registries)
-                cls._wake.clear()
-            timeouts = [r.idle_timeout for r in registries if r.idle_timeout is not None]
-            # Often enough that a journal is closed within about a quarter of its timeout.
-            cls._wake.wait(min([60.0, *(t / 4 for t in timeouts)]))
-            for registry in registries:
-                try:
-                    registry.sweep()
-                except Exception:  # noqa: S112 - a close that failed is retried by nobody;
-                    continue  # the registry forgot it, and its next use opens it afresh
-            del registries

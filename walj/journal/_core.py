@@ -78,8 +78,9 @@ class Core:
         # Applies pending resolution requests (set by ToolJournal.open); run before every
         # answer that depends on blockers. See _requests.pick_up.
         self.pick_up: Callable[[], None] | None = None
-        # Whether a `release` request from another process closes this journal when idle.
-        self.release_on_request = False
+        # Whether a `release` request from another process closes this journal when idle; a
+        # callable is asked, at each idle moment, whether it may (its owner's runs, say).
+        self.release_on_request: bool | Callable[[], bool] = False
         self.live: set[str] = set()  # executions whose handler may be running
         self.live_llm: set[str] = set()  # LLM calls in flight
         self.live_turn: TurnSlot | None = None

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType, TracebackType
 from typing import Any
@@ -75,7 +75,7 @@ class ToolJournal:
         replay_window: int = DEFAULT_REPLAY_WINDOW,
         observers: Iterable[ToolObserver] = (),
         checkpoint_every: int | None = DEFAULT_CHECKPOINT_EVERY,
-        release_on_request: bool = False,
+        release_on_request: bool | Callable[[], bool] = False,
         **log_options: Any,
     ) -> ToolJournal:
         """Open (creating if needed) the journal in directory `path` and rebuild its recovery
@@ -92,7 +92,9 @@ class ToolJournal:
         were written since the last (None: only `checkpoint()` and `compact()` write them).
         The open replays from the last complete checkpoint (docs/RECOVERY.md, "Checkpoints").
         `release_on_request`: another process may ask this journal to close itself at its
-        next idle moment (`walj.request_release`; docs/RECOVERY.md, "Live resolution")."""
+        next idle moment (`walj.request_release`; docs/RECOVERY.md, "Live resolution"). A
+        callable instead of True is asked at each idle moment, under the journal's locks, whether
+        it may close now; False leaves the request for the next look."""
         registry = tools_from(tools)
         watching = check_observers(observers)
         for name, value in (("preview_chars", preview_chars),
@@ -123,7 +125,8 @@ class ToolJournal:
                 checkpoint_every=checkpoint_every,
             )
             core.observers = watching
-            core.release_on_request = bool(release_on_request)
+            core.release_on_request = (release_on_request if callable(release_on_request)
+                                       else bool(release_on_request))
             core.before_turn = functools.partial(_compact.checkpoint_if_due, core)
             if log_options.get("recovery") != "salvage":
                 core.record_cuts()

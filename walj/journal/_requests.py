@@ -149,7 +149,8 @@ class Picker:
         if not core.release_on_request:
             raise ResolutionError("the journal was not opened with release_on_request=True",
                                   reason="release_not_enabled")
-        if moment != WHILE_IDLE or not core.idle():
+        allowed = core.release_on_request
+        if moment != WHILE_IDLE or not core.idle() or (callable(allowed) and not allowed()):
             self.watch.retry()  # the watcher looks again in a second
             return 0
         core.write(_writes.released(request_id, str(actor), note), durable=True)
