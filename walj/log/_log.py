@@ -14,7 +14,7 @@ from typing import Any
 
 from ..errors import PoisonedError, RecordTooLargeError
 from ._compaction import Compaction
-from ._durability import interval_loop, io_failure
+from ._durability import io_failure
 from ._format import encode_record, frame_record
 from ._fs import DEFAULT_FS, FileSystem, write_all
 from ._lock import WriterLock, forget_open_directories
@@ -22,6 +22,7 @@ from ._opening import Replay, ReplayStart, check_options, prepare_directory, rec
 from ._quarantine import CutLine, Quarantined, cut_lines, read_manifest
 from ._rotation import Rotation
 from ._segment import Problem, SegmentScan
+from ._syncers import Syncer, start_syncer
 
 _open_logs: weakref.WeakSet[Log] = weakref.WeakSet()
 
@@ -77,7 +78,7 @@ class Log(Compaction, Rotation):
         self._stop = threading.Event()
         self._drop_lock = threading.RLock()  # reentrant: a signal handler may close
         self._first_seq = 1
-        self._syncer: threading.Thread | None = None
+        self._syncer: Syncer | None = None
         # Set while the log holds its descriptor and lock (see _close_abandoned).
         self._finalizer: weakref.finalize[[dict[str, Any], str], Log] | None = None
         self.problems: list[Problem] = []
@@ -114,11 +115,9 @@ class Log(Compaction, Rotation):
                 log._writer_id = log._writer_lock.writer_id
             log._recover(recovery, _replay, _replay_start)
             if sync == "interval" and not read_only:
-                log._syncer = threading.Thread(
-                    target=interval_loop, args=(weakref.ref(log), log._stop,
-                                                sync_interval_ms / 1000.0),
-                    name=f"walj-sync {directory}", daemon=True)
-                log._syncer.start()
+                # A pooled worker, not a Thread of its own: see walj/log/_syncers.py.
+                log._syncer = start_syncer(weakref.ref(log), log._stop,
+                                           sync_interval_ms / 1000.0)
             _open_logs.add(log)
             if not read_only:
                 log._finalizer = weakref.finalize(log, _close_abandoned, log.__dict__,
@@ -317,8 +316,8 @@ class Log(Compaction, Rotation):
         handle is still open (usable) or closed but not yet released: call close() again."""
         self._stop.set()
         syncer = self._syncer
-        if syncer is not None and syncer is not threading.current_thread():
-            syncer.join()
+        if syncer is not None:
+            syncer.join()  # returns at once inside the syncer (a finalizer may close there)
         if not self._forked:  # a forked child only lets go of the parent's descriptors
             with self._drop_lock:  # a drop under way ends before the directory is let go
                 self._close_locked(seal)
