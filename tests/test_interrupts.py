@@ -27,6 +27,7 @@ from journal_helpers import Recorder, kinds, records
 import walj
 from walj.journal import _records as rc
 from walj.journal._recovery import rebuild
+from walj.log import _syncers
 from walj.log._fs import FileSystem
 
 
@@ -453,22 +454,24 @@ def test_a_closed_log_runs_no_code_when_it_is_collected(tmp_path: Path) -> None:
         assert ran == [], f"collecting a closed {sync} log ran {ran}"
 
 
-def test_a_ctrl_c_while_a_closed_interval_log_is_collected_is_not_dropped(tmp_path: Path) -> None:
+def test_a_ctrl_c_while_a_closed_interval_journal_is_collected_is_not_dropped(
+        tmp_path: Path) -> None:
     """The interrupt torture's SIGINT child lost a Ctrl-C ("Exception ignored in: WeakSet
-    _remove") inside a journal write: a closed interval log, in a reference cycle, was freed by
-    the cyclic collector there, and with it its syncer Thread, whose entry in the threading
-    module's WeakSet ran a callback, where CPython drops the KeyboardInterrupt. Here the
-    interrupt is raised where a pending SIGINT's handler raises it: at the first Python code
-    that runs during the collection. It must not be dropped, because none runs."""
-    log = walj.Log.open(tmp_path / "log", sync="interval", sync_interval_ms=1)
-    for n in range(20):
-        log.append({"n": n})
-    log.close()
-    collected = weakref.ref(log)
-    cycle: list[Any] = [log]
-    cycle.append(cycle)  # as a caught exception's traceback keeps the frame that holds it
-    del log, cycle
-    gc.disable()  # no collection before the one under test
+    _remove") inside a journal write. A closed journal is freed by the cyclic collector, at an
+    allocation anywhere, and with it its log; an interval log's syncer was a Thread, whose entry
+    in the threading module's WeakSet then ran a callback, where CPython drops the
+    KeyboardInterrupt. Here the interrupt is raised where a pending SIGINT's handler raises it:
+    at the first Python code that runs while the journal is dropped and collected. It must not
+    be dropped, because none runs."""
+    journal = walj.ToolJournal.open(tmp_path / "journal", tools={"echo": lambda x: x},
+                                    sync="interval", sync_interval_ms=1)
+    with journal.turn() as turn:
+        assert turn.dispatch("echo", {"x": 1}).outcome == "ok"
+    del turn
+    journal.close()
+    collected = weakref.ref(journal._core.log)
+    gc.collect()
+    gc.disable()  # no collection but the one under test
     dropped: list[str] = []
     raised: list[str] = []
 
@@ -484,6 +487,7 @@ def test_a_ctrl_c_while_a_closed_interval_log_is_collected_is_not_dropped(tmp_pa
     try:
         sys.setprofile(ctrl_c)
         try:
+            del journal
             gc.collect()
         finally:
             sys.setprofile(None)
@@ -522,9 +526,12 @@ def test_interval_logs_reuse_their_syncer_threads(tmp_path: Path) -> None:
 
 def test_a_forked_child_closes_its_parents_interval_log_and_syncs_its_own(tmp_path: Path) -> None:
     """The parent's syncer threads do not exist in a forked child: closing the parent's
-    interval log there must not wait for them, and the child's own interval log is synced."""
+    interval log there must not wait for its (busy) one, and the child's own interval log is
+    synced, not handed to the parked one the parent counts idle."""
     log = walj.Log.open(tmp_path / "parent", sync="interval", sync_interval_ms=1)
     log.append({"n": 1})
+    walj.Log.open(tmp_path / "before", sync="interval", sync_interval_ms=1).close()
+    wait_until(lambda: _syncers._pool._idle > 0)  # a worker parked, counted idle at the fork
     pid = os.fork()
     if pid == 0:
         code = 0
@@ -537,8 +544,14 @@ def test_a_forked_child_closes_its_parents_interval_log_and_syncs_its_own(tmp_pa
         except BaseException:
             code = 3
         os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
+    deadline = time.monotonic() + 60  # a liveness bound: a close waiting for a thread that
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0:  # does not exist here never ends
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung")
+        time.sleep(0.01)
+    assert os.waitstatus_to_exitcode(done[1]) == 0
     assert log.append({"n": 2}) == 2
     log.close()
     assert [r.data for r in walj.read(tmp_path / "child")] == [{"child": 1}]
@@ -548,7 +561,7 @@ def wait_until(condition: Callable[[], bool], seconds: float = 30.0) -> None:
     """Poll `condition` until it holds; fail after `seconds` (a liveness bound, not a timing)."""
     deadline = time.monotonic() + seconds
     while not condition():
-        assert time.monotonic() < deadline, "the interval syncer never synced"
+        assert time.monotonic() < deadline, f"still false after {seconds} s"
         time.sleep(0.001)
 
 
