@@ -78,6 +78,9 @@ class Core:
         # Applies pending resolution requests (set by ToolJournal.open); run before every
         # answer that depends on blockers. See _requests.pick_up.
         self.pick_up: Callable[[], None] | None = None
+        # Leaves the process-wide watcher's weak set on close, so that collecting a closed
+        # journal runs no weak-set callback (a Ctrl-C landing in one is dropped by CPython).
+        self.unwatch: Callable[[], None] | None = None
         # Whether a `release` request from another process closes this journal when idle; a
         # callable is asked, at each idle moment, whether it may (its owner's runs, say).
         self.release_on_request: bool | Callable[[], bool] = False
@@ -436,6 +439,9 @@ class Core:
                         self.write_settlements()
         finally:
             self.closed = True
+            unwatch, self.unwatch = self.unwatch, None
+            if unwatch is not None:
+                unwatch()
             # An ended session's every segment stays sealed, even after a reopen to resolve.
             # Idempotent: a second call finishes one an interrupt stopped.
             self.log.close(seal=self.state.ended_seq is not None)

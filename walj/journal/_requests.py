@@ -10,6 +10,7 @@ arguments; what fails is refused durably, and changes nothing else. No handler e
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import threading
@@ -233,6 +234,11 @@ class _Watcher:
                     continue
             del pickers
 
+    def discard(self, picker: Picker) -> None:
+        """A closed journal's picker leaves the set now, not when it is collected."""
+        with self.guard:
+            self.pickers.discard(picker)
+
     def forget(self) -> None:
         """In a forked child: the parent's thread does not run here."""
         self.guard = threading.Lock()
@@ -253,3 +259,4 @@ def watch(core: Core) -> None:
     remove_stale_requests(picker.path)
     picker.pick_up(blocking=True, force=True)
     _watcher.add(picker)
+    core.unwatch = functools.partial(_watcher.discard, picker)
