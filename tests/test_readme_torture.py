@@ -47,6 +47,7 @@ def test_the_record_is_of_a_long_clean_run_that_lost_nothing(record: dict[str, A
     assert record["knob"] > 200, "the README shows a long run, not the default bounded one"
     counts = record["counts"]
     assert counts["records_lost"] == 0
+    assert counts["retention_bytes_lost"] == 0 and counts["trials_retention"] > 0
     assert counts["sigkill_kills"] > 0 and counts["records_checked"] > 0
 
 

@@ -36,7 +36,9 @@ SCHEMA = "walj.torture/1"
 COUNTS = ("trials_sigkill", "trials_sigkill_turns", "sigkill_kills", "trials_interrupts",
           "interrupt_points", "interrupt_operations", "trials_sigint", "sigint_in_walj",
           "trials_faults", "trials_damage", "trials_fuzz", "trials_journal_model",
-          "trials_concurrency", "faults_injected", "records_checked", "records_lost")
+          "trials_concurrency", "faults_injected", "records_checked", "records_lost",
+          "trials_retention", "retention_signals", "retention_sessions", "retention_records",
+          "retention_removed", "retention_compacted", "retention_bytes_lost")
 
 
 class RecordError(ValueError):
@@ -122,7 +124,7 @@ def render(record: dict[str, Any]) -> str:
          f"journal operations in all four sync modes), and {_n(c['trials_sigint'])} children "
          f"sent real SIGINTs ({_n(c['sigint_in_walj'])} landed inside walj{limit})"),
         ("other trials", other),
-        *_retention_row(counts),
+        _retention_row(c),
         ("faults injected", _n(c["faults_injected"])),
         ("records checked", f"{_n(c['records_checked'])} acknowledged records and journal "
                             "facts, re-checked after every fault"),
@@ -146,29 +148,16 @@ def render(record: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-# The retention family's figures; a record made before the family existed has none, and its
-# row is left out rather than shown with zeros (once a record has them, all are required).
-RETENTION = ("trials_retention", "retention_signals", "retention_sessions",
-             "retention_records", "retention_removed", "retention_compacted",
-             "retention_bytes_lost")
-
-
-def _retention_row(counts: dict[str, Any]) -> list[tuple[str, str]]:
-    if "trials_retention" not in counts:
-        return []
-    missing = [k for k in RETENTION if k not in counts]
-    if missing:
-        raise RecordError(f"the record has no {', '.join(missing)}")
-    c = {k: int(counts[k]) for k in RETENTION}
-    return [("retention trials",
-             f"{_n(c['trials_retention'])} random trees of sessions (nested, forked, "
-             "hard-linked, symlinked, quarantined, blocked, held open) under `walj prune`, "
-             "`walj archive` and compaction to file:// and S3, two prunes at once, "
-             f"{_n(c['retention_signals'])} SIGKILLs and SIGINTs; "
-             f"{_n(c['retention_removed'])} sessions removed and "
-             f"{_n(c['retention_compacted'])} compacted, {_n(c['retention_sessions'])} "
-             f"sessions and {_n(c['retention_records'])} records checked after the last "
-             f"step, {_n(c['retention_bytes_lost'])} quarantined or unknown bytes lost")]
+def _retention_row(c: dict[str, int]) -> tuple[str, str]:
+    return ("retention trials",
+            f"{_n(c['trials_retention'])} random trees of sessions (nested, forked, "
+            "hard-linked, symlinked, quarantined, blocked, held open) under `walj prune`, "
+            "`walj archive` and compaction to file:// and S3, two prunes at once, "
+            f"{_n(c['retention_signals'])} SIGKILLs and SIGINTs; "
+            f"{_n(c['retention_removed'])} sessions removed and "
+            f"{_n(c['retention_compacted'])} compacted, {_n(c['retention_sessions'])} "
+            f"sessions and {_n(c['retention_records'])} records checked after the last "
+            f"step, {_n(c['retention_bytes_lost'])} quarantined or unknown bytes lost")
 
 
 def current_block(readme: str) -> str:
