@@ -12,10 +12,12 @@ is kept, and so is a tombstone something appeared in.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import LockedError, WaljError
 from ..log import _format as fmt
@@ -24,6 +26,9 @@ from ..log._lock import WriterLock
 from ..log._scan import list_segments
 from ._accounting import TOMBSTONE_PREFIX, Survey, survey
 from ._sweep import check_log
+
+if TYPE_CHECKING:
+    from ..journal import ToolJournal
 
 
 class Busy(Exception):
@@ -159,41 +164,40 @@ def finish_tombstone(tombstone: str) -> None:
             lock.release()
 
 
+@contextlib.contextmanager
+def _unblocked_writer(path: str, what: str) -> Iterator[ToolJournal]:
+    """The session opened as its writer, for upkeep: Busy if another process holds it, Kept
+    if it is blocked; closed afterwards."""
+    from ..journal import ToolJournal
+
+    try:
+        journal = ToolJournal.open(path, lock_timeout=0)
+    except LockedError as exc:
+        raise Busy(str(exc)) from None
+    try:
+        if journal.recovery.blocked:
+            raise Kept(f"blocked when opened {what}")
+        yield journal
+    finally:
+        journal.close()
+
+
 def end_idle(path: str, idle_since: float) -> int:
     """End an idle session as upkeep (its end carries its last activity's time): open it as
     its writer (Busy if it is open), refuse if it is blocked or has a record newer than
     `idle_since` (Kept). Returns its last seq once ended."""
-    from ..journal import ToolJournal
     from ..journal._compact import end_idle as end_journal
 
-    try:
-        journal = ToolJournal.open(path, lock_timeout=0)
-    except LockedError as exc:
-        raise Busy(str(exc)) from None
-    try:
-        if journal.recovery.blocked:
-            raise Kept("blocked when opened to end it")
+    with _unblocked_writer(path, "to end it") as journal:
         last_seq = end_journal(journal._core, idle_since)
-        if last_seq is None:
-            raise Kept("changed since it was checked: a record newer than --older-than")
-        return last_seq
-    finally:
-        journal.close()
+    if last_seq is None:
+        raise Kept("changed since it was checked: a record newer than --older-than")
+    return last_seq
 
 
 def compact(path: str, keep_turns: int, archive: str | None) -> dict[str, Any]:
     """Compact an active session as its writer (`ToolJournal.compact`). Busy if it is open."""
-    from ..journal import ToolJournal
-
-    try:
-        journal = ToolJournal.open(path, lock_timeout=0)
-    except LockedError as exc:
-        raise Busy(str(exc)) from None
-    try:
-        if journal.recovery.blocked:
-            raise Kept("blocked when opened for compaction")
+    with _unblocked_writer(path, "for compaction") as journal:
         report = journal.compact(keep_turns=keep_turns, archive=archive)
-    finally:
-        journal.close()
     return {"dropped_segments": report.dropped_segments, "first_seq": report.first_seq,
             "archived": list(report.archived)}

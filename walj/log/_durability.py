@@ -67,12 +67,7 @@ class Durability:
         """After a sync: poison when the segment file was deleted (its directory removed under a
         live writer) or the LOCK file was deleted or replaced (a second writer may be admitted):
         records synced to a file nobody can reopen are not durable."""
-        problem = self._gone()
-        if problem is not None:
-            failure = PoisonedError(f"{self._dir}: {problem}; records after seq "
-                                    f"{self._durable_seq} may be lost")
-            self._set_poison(failure)
-            raise failure
+        self._poison_for(self._gone(), "")
 
     def _gone(self) -> str | None:
         raise NotImplementedError
@@ -82,10 +77,13 @@ class Durability:
         a segment, a base marker): poison, having written nothing, when LOCK is no longer the
         file this writer locked. Deleted or replaced, it may have let a second writer in, and a
         record written now could repeat that writer's seqs. One lstat per write call."""
-        problem = self._lock_lost()
+        self._poison_for(self._lock_lost(), "nothing more was written, and ")
+
+    def _poison_for(self, problem: str | None, written: str) -> None:
+        """Poison and raise when a check found `problem`; `written` says what was not."""
         if problem is not None:
-            failure = PoisonedError(f"{self._dir}: {problem}; nothing more was written, and "
-                                    f"records after seq {self._durable_seq} may be lost")
+            failure = PoisonedError(f"{self._dir}: {problem}; {written}records after seq "
+                                    f"{self._durable_seq} may be lost")
             self._set_poison(failure)
             raise failure
 
