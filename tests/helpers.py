@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -68,3 +70,13 @@ def strace_calls(trace: str) -> list[tuple[str, str]]:
             target = fds.get(fd.group(0), "?") if fd else "?"
         calls.append((op, target))
     return calls
+
+
+def wait_until(check: Callable[[], bool], seconds: float = 10.0) -> bool:
+    """Poll `check` until it holds or `seconds` pass; its last answer."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.02)
+    return check()

@@ -7,12 +7,11 @@ tests/integrations/test_sessions.py.)"""
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import wait_until
 
 import walj
 from walj.integrations._journals import JournalOnly, SessionJournals
@@ -22,15 +21,6 @@ SESSION = "user:42"
 
 def open_fds() -> set[str]:
     return set(os.listdir("/proc/self/fd"))
-
-
-def wait_until(check: Callable[[], bool], seconds: float = 10.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.02)
-    return check()
 
 
 def released(path: Path) -> list[dict[str, Any]]:

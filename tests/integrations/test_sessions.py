@@ -22,6 +22,7 @@ from typing import Any
 import langchain_fakes as lf
 import pytest
 import sdk_fakes as fx
+from helpers import wait_until
 from langchain_core.messages import AIMessage, ToolMessage
 from langchain_core.tools import tool
 from langgraph.graph import START, MessagesState, StateGraph
@@ -64,15 +65,6 @@ def answer_of(state: Any) -> ToolMessage:
 def lookup(order: int) -> str:
     """Look an order up."""
     return f"order {order}"
-
-
-def wait_until(check: Callable[[], bool], seconds: float = 10.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.02)
-    return check()
 
 
 def sweep(root: Path) -> dict[str, Any]:
