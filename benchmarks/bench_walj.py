@@ -31,7 +31,7 @@ def journal_missing(walj: ModuleType | None) -> str | None:
 
 
 # --- counting the syncs walj really makes ----------------------------------------------------
-# walj makes every file-system call through one object (walj/log/_fs.py), which Log.open takes as
+# walj makes every file-system call through one object (walj/log/fs.py), which Log.open takes as
 # `_fs`. A subclass counts the calls and passes each on unchanged, so the counts are of the
 # fdatasync (F_FULLFSYNC on macOS) and directory fsync calls walj makes, not an estimate.
 
@@ -63,7 +63,7 @@ def counting_fs(
     Python around the fsyncs (the durability of those runs is not the point, nor claimed).
     """
     try:
-        from walj.log._fs import FileSystem
+        from walj.log.fs import FileSystem
     except ImportError:
         return None
     counts = Counts()
@@ -150,7 +150,7 @@ def pair_append(walj: ModuleType | None, duration: float) -> Measure | str:
     def measure(d: Path) -> Sample:
         counted = counting_fs(count_writes=True, null_sync=True)
         if counted is None:
-            raise Skip("walj has no file-system seam (walj.log._fs) to leave the syncs out")
+            raise Skip("walj has no file-system seam (walj.log.fs) to leave the syncs out")
         log = wal.Log.open(d / "log", sync="always", **fs_options(counted))
         try:
             app = log.append
@@ -207,7 +207,7 @@ def dispatch(walj: ModuleType | None, duration: float, null_sync: bool = False) 
     def measure(d: Path) -> Sample:
         counted = counting_fs(count_writes=True, null_sync=null_sync)
         if counted is None and null_sync:
-            raise Skip("walj has no file-system seam (walj.log._fs) to leave the syncs out")
+            raise Skip("walj has no file-system seam (walj.log.fs) to leave the syncs out")
         journal = wal.ToolJournal.open(
             d / "journal", tools={"noop": _noop}, sync="always", **fs_options(counted)
         )

@@ -193,7 +193,7 @@ def write_outputs(
         "the data sync walj uses; F_FULLFSYNC on macOS).",
         "Counted figures (fsyncs per record, records per fsync, writes per call) count the "
         "sync, directory-sync and write calls walj makes, through its file-system seam "
-        "(walj/log/_fs.py, the `_fs` option of Log.open), while the timed loop runs; medians "
+        "(walj/log/fs.py, the `_fs` option of Log.open), while the timed loop runs; medians "
         "over the rounds.",
         "Ratio per round: the ratio of the walj and baseline repetitions that ran in the same "
         "interleaved round, lowest to highest; the ratio column is the ratio of the medians.",

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import cast
 
-from walj.log._fs import FileSystem
+from walj.log.fs import FileSystem
 
 CRASH_MODES = ("drop", "tear", "reorder", "zero", "keep")
 SECTOR = 512  # the unit a torn write loses whole when later writes outlive it (docs/FORMAT.md)

@@ -28,7 +28,7 @@ import walj
 from walj.journal import _records as rc
 from walj.journal._recovery import rebuild
 from walj.log import _syncers
-from walj.log._fs import FileSystem
+from walj.log.fs import FileSystem
 
 
 class InterruptingFS(FileSystem):

@@ -278,7 +278,7 @@ def test_many_async_sessions_sync_in_parallel_beyond_the_default_executor(
     must have 16 fsyncs in flight at once. Each sync waits at a barrier for all 16; with too
     few threads it would never fill, and the barrier times out."""
     from walj.journal import _aio
-    from walj.log._fs import FileSystem
+    from walj.log.fs import FileSystem
 
     sessions = 16
     assert _aio.DEFAULT_SYNC_THREADS >= sessions

@@ -151,7 +151,7 @@ def test_an_invalid_request_is_refused_durably_and_changes_nothing(
     fields = {**request_fields("resolve", eid, "not_performed", "n", "ann", 1.0), **change}
     if "\ud800" in str(fields["note"]):
         # Not even storable as a request by post (UTF-8): planted as a raw line.
-        from walj.log._format import frame
+        from walj.log.format import frame
 
         request_id = "e" * 32
         (path / "requests").mkdir()

@@ -26,8 +26,8 @@ from helpers import make_records, segments, write_log
 
 import walj
 from walj.log import _format as fmt
-from walj.log._fs import FileSystem
-from walj.log._quarantine import cut_segment
+from walj.log.fs import FileSystem
+from walj.log.quarantine import cut_segment
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs and sockets")
 
@@ -222,7 +222,7 @@ def test_item11_fifo_named_like_a_temp_segment_is_refused(tmp_path: Path, what: 
 def test_item11_file_system_opens_only_regular_files(tmp_path: Path, what: str) -> None:
     make_special(tmp_path / "x", what)
     result = in_child("""
-from walj.log._fs import FileSystem
+from walj.log.fs import FileSystem
 fs = FileSystem()
 result = [outcome(lambda: fs.open_read(path)), outcome(lambda: fs.open_append(path))]
 """, tmp_path / "x")
@@ -235,7 +235,7 @@ def test_item11_fifo_named_lock_owner_does_not_hang_inspect(tmp_path: Path) -> N
     (log / "LOCK.owner").unlink(missing_ok=True)
     os.mkfifo(log / "LOCK.owner")
     result = in_child("""
-from walj.log._lock import read_owner
+from walj.log.lock import read_owner
 result = outcome(lambda: read_owner(path))
 """, log)
     assert result == {"value": None}

@@ -28,8 +28,8 @@ from walj.log import (
     post_request,
     remove_request,
 )
-from walj.log._format import checksum_ok
 from walj.log._requests import request_line
+from walj.log.format import checksum_ok
 
 FIELDS = {"kind": "resolve", "target": "abc", "outcome": "succeeded", "note": "n",
           "actor": "ann", "at": 1.5}
@@ -106,7 +106,7 @@ def test_a_hostile_request_file_is_malformed_with_its_reason(tmp_path: Path, dat
 
 
 def test_a_request_that_is_no_json_object_is_malformed(tmp_path: Path) -> None:
-    from walj.log._format import frame
+    from walj.log.format import frame
 
     path = _log(tmp_path)
     _plant(path, "c" * 32, frame(b'"request":[1,2]}'))

@@ -334,7 +334,7 @@ def test_regression_unsaid_resolution_compacted_away_counted_forgotten(
 _TEAR_A_CHECKPOINT = """
 import os, signal, sys
 import walj
-from walj.log._fs import FileSystem
+from walj.log.fs import FileSystem
 
 class TearsACheckpoint(FileSystem):
     armed = False

@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import CorruptionError
-from ..log._fs import open_regular
-from ..log._quarantine import _MANIFEST_LIMIT, MANIFEST, QUARANTINE_DIR, Quarantined
-from ..log._quarantine import _manifest_entry as manifest_entry
-from ..log._quarantine import _plain_name as plain_name
-from ..log._segment import Problem
+from ..log.fs import open_regular
+from ..log.quarantine import MANIFEST, MANIFEST_LIMIT, QUARANTINE_DIR, Quarantined
+from ..log.quarantine import manifest_entry as manifest_entry
+from ..log.quarantine import plain_name as plain_name
+from ..log.segment import Problem
 from ._append import CHUNK, ForkError, read_back, write_once
 from ._report import ShipReport
 from ._store import Entry, Store
@@ -241,7 +241,7 @@ def _check_archived_versions(store: Store, prefix: str, remote: dict[str, Entry]
     or not a prefix of the longest is a problem (kind quarantine_manifest)."""
     whole: list[tuple[str, bytes]] = []
     for length, name, entry in _versions(remote):
-        if length > _MANIFEST_LIMIT or not entry.regular:
+        if length > MANIFEST_LIMIT or not entry.regular:
             found.problems.append(_problem(name, "quarantine_manifest", "not a manifest walj "
                                            "writes (too long, or not a plain object)"))
             continue

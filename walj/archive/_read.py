@@ -9,7 +9,7 @@ from typing import Any
 from .. import _codec
 from ..errors import CorruptionError
 from ..log import Record, VerifyReport
-from ..log._scan import LogScan
+from ..log.scan import LogScan
 from ._view import archive_problem, open_view
 
 

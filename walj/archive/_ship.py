@@ -8,10 +8,10 @@ import os
 from typing import Any
 
 from ..errors import CorruptionError, WaljError
-from ..log import _format as fmt
-from ..log._fs import DEFAULT_FS, open_regular
-from ..log._scan import corruption, list_segments
-from ..log._segment import read_ends
+from ..log import format as fmt
+from ..log.fs import DEFAULT_FS, open_regular
+from ..log.scan import corruption, list_segments
+from ..log.segment import read_ends
 from ._append import ForkError, write_once
 from ._quarantine import has_quarantine, ship_quarantine
 from ._report import ShipReport

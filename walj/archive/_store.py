@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import IO, Any, NamedTuple, TypeVar
 
 from ..errors import CorruptionError, WaljError
-from ..log._fs import DEFAULT_FS, DIR_MODE, FILE_MODE, open_regular, write_all
+from ..log.fs import DEFAULT_FS, DIR_MODE, FILE_MODE, open_regular, write_all
 
 T = TypeVar("T")
 

@@ -1,7 +1,7 @@
 """A read-only view of one session for the log's scanner: archived objects, plus a local tail.
 
 The log layer never imports fsspec. Its scanner reads a directory only through the FileSystem
-seam (walj/log/_fs.py), so the archive hands it a FileSystem whose one "directory" lists the
+seam (walj/log/fs.py), so the archive hands it a FileSystem whose one "directory" lists the
 archived segments and, when a local session directory is given, that directory's segments:
 the same LogScan then checks every line, seq, header, seal and the seal chain across the
 boundary, and reads every object as the untrusted bytes it is (line limits, no whole-object
@@ -16,10 +16,10 @@ import os
 import stat
 from typing import IO, Any
 
-from ..log import _format as fmt
-from ..log._fs import DEFAULT_FS, FileSystem, open_regular
-from ..log._scan import LogScan
-from ..log._segment import Problem, read_header
+from ..log import format as fmt
+from ..log.fs import DEFAULT_FS, FileSystem, open_regular
+from ..log.scan import LogScan
+from ..log.segment import Problem, read_header
 from ._quarantine import ArchivedQuarantine, check_quarantine
 from ._store import ArchiveError, Entry, Store, open_store
 

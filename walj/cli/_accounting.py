@@ -17,10 +17,10 @@ import os
 import stat
 from dataclasses import dataclass, field
 
-from ..log import _format as fmt
+from ..log import format as fmt
 from ..log._base import BASE_NAME, BASE_TMP
-from ..log._lock import LOCK_NAME, OWNER_NAME
-from ..log._quarantine import QUARANTINE_DIR
+from ..log.lock import LOCK_NAME, OWNER_NAME
+from ..log.quarantine import QUARANTINE_DIR
 
 TOMBSTONE_PREFIX = ".walj-pruning-"  # a session renamed so, under its lock, is being deleted
 REQUESTS_DIR = "requests"  # resolution requests from the CLI to a live writer, when pending

@@ -15,12 +15,12 @@ from typing import IO, Any
 from .._codec import MAX_DEPTH
 from ..journal._damage import CutLedger, unrecorded
 from ..journal._decode import time_of
-from ..log import _format as fmt
-from ..log._fs import DEFAULT_FS, FileSystem
-from ..log._lock import holds_lock, owner_info
-from ..log._quarantine import cut_lines, read_manifest
-from ..log._scan import LogScan, TornTail
-from ..log._segment import Problem, read_header
+from ..log import format as fmt
+from ..log.fs import DEFAULT_FS, FileSystem
+from ..log.lock import holds_lock, owner_info
+from ..log.quarantine import cut_lines, read_manifest
+from ..log.scan import LogScan, TornTail
+from ..log.segment import Problem, read_header
 
 EXIT_OK = 0
 EXIT_PROBLEMS = 1

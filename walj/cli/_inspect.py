@@ -13,8 +13,8 @@ from ..errors import CorruptionError, UnsupportedVersionError
 from ..journal._decode import decode_record, time_of, turn_number
 from ..journal._records import Blocker, Recovery, subject_of
 from ..journal._recovery import RecoveryState
-from ..log._fs import FileSystem
-from ..log._scan import LogScan
+from ..log.fs import FileSystem
+from ..log.scan import LogScan
 from ._common import (
     EXIT_OK,
     EXIT_PROBLEMS,

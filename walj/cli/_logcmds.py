@@ -12,9 +12,9 @@ from typing import Any
 from ..errors import CorruptionError
 from ..journal._decode import decode_record, time_of
 from ..journal._records import subject_of
-from ..log import _format as fmt
-from ..log._fs import open_regular
-from ..log._quarantine import MANIFEST, QUARANTINE_DIR
+from ..log import format as fmt
+from ..log.fs import open_regular
+from ..log.quarantine import MANIFEST, QUARANTINE_DIR
 from ._common import (
     EXIT_OK,
     EXIT_PROBLEMS,

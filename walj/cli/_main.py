@@ -103,7 +103,7 @@ def _kinds(p: argparse.ArgumentParser) -> None:
 def _engines() -> str:
     """Which checksum and JSON implementations this process uses: C or the stdlib fallback."""
     from .. import _codec
-    from ..log import _format as fmt
+    from ..log import format as fmt
 
     return (f"checksums: {'pure-Python XXH64' if fmt.PURE_XXH64 else 'xxhash'}; "
             f"JSON: {'msgspec' if _codec.HAVE_MSGSPEC else 'json (stdlib)'}")

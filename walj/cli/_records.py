@@ -15,9 +15,9 @@ from typing import Any
 
 from ..journal._decode import decode_record
 from ..journal._records import record_kind, subject_of
-from ..log import _format as fmt
-from ..log._fs import open_regular
-from ..log._scan import LogScan
+from ..log import format as fmt
+from ..log.fs import open_regular
+from ..log.scan import LogScan
 from ._common import (
     EXIT_OK,
     EXIT_PROBLEMS,

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import LockedError, WaljError
-from ..log import _format as fmt
-from ..log._fs import DEFAULT_FS, FileSystem
-from ..log._lock import WriterLock
-from ..log._scan import list_segments
+from ..log import format as fmt
+from ..log.fs import DEFAULT_FS, FileSystem
+from ..log.lock import WriterLock
+from ..log.scan import list_segments
 from ._accounting import TOMBSTONE_PREFIX, Survey, survey
 from ._sweep import check_log
 

@@ -14,9 +14,9 @@ from typing import Any
 from ..errors import UnsupportedVersionError, WaljError
 from ..journal._decode import decode_record, time_of
 from ..journal._recovery import RecoveryState
-from ..log import _format as fmt
-from ..log._fs import DEFAULT_FS, FileSystem
-from ..log._scan import LogScan, list_segments
+from ..log import format as fmt
+from ..log.fs import DEFAULT_FS, FileSystem
+from ..log.scan import LogScan, list_segments
 from ._accounting import OWN_DIRS, TOMBSTONE_PREFIX
 from ._common import (
     EXIT_OK,

@@ -12,10 +12,10 @@ from typing import Any
 
 from ..errors import CorruptionError, LockedError, RecordTooLargeError, ResolutionError
 from ..log import REQUESTS_DIR
-from ..log._fs import DEFAULT_FS
-from ..log._lock import read_owner
-from ..log._quarantine import QUARANTINE_DIR, cut_segment
-from ..log._scan import LogScan
+from ..log.fs import DEFAULT_FS
+from ..log.lock import read_owner
+from ..log.quarantine import QUARANTINE_DIR, cut_segment
+from ..log.scan import LogScan
 from ._common import (
     EXIT_OK,
     EXIT_PROBLEMS,
@@ -193,7 +193,7 @@ def cmd_repair(args: argparse.Namespace) -> int:
     segment_names(path)
     lock = None
     if not args.dry_run:
-        from ..log._lock import WriterLock
+        from ..log.lock import WriterLock
 
         try:
             lock = WriterLock(DEFAULT_FS, path, 0)

@@ -4,7 +4,7 @@ It promises: a record `append` acknowledged as durable survives a crash; every l
 XXH64 checksum of its own bytes, seqs are contiguous, and sealed segments chain by SHA-256; on
 open a torn tail is told from damage, its bytes kept in quarantine/, and damage refused with a
 typed error naming file, offset and seq; one writer per directory. Durability is a property of
-the order of system calls, all of which go through the FileSystem seam (`_fs.py`).
+the order of system calls, all of which go through the FileSystem seam (`fs.py`).
 
 It never interprets a record's contents (a record is a JSON object it stores and hands back),
 and never imports the journal, the CLI or an integration. Its public surface is below; the
@@ -14,20 +14,23 @@ same pass, and `_replay_start`, which picks the segment that scan begins at from
 bytes of each segment's first record (the segments before it are checked by header and seal,
 their records not read).
 
-Modules: _format (line framing and XXH64), _xxh64 (pure-Python XXH64), _fs (the I/O seam),
-_segment (one segment's scan), _scan (the directory: order, seal chain, torn tail or damage),
-_quarantine (cut bytes and their manifest), _lock (one writer), _durability (sync modes, group
-commit, poisoning), _rotation (creating and sealing segments), _opening (options and tail
-recovery), _log (the writer), _read (reader and verifier), _base (the BASE marker of a
-compacted log), _compaction (Log.drop_before), _requests (request files in `requests/`: asks
-another process leaves for the live writer).
+Its surface for the layers above: this package's names, and the public modules below, each
+with an `__all__` (nothing above the log imports a private module or name of it):
+format (the line format: framing, XXH64 checksums, header, seal, segment names; the code twin
+of docs/FORMAT.md), fs (the I/O seam, an interface the archive implements for its read-only
+view), segment (reading one segment file), scan (reading a whole directory: order, seal chain,
+torn tail or damage), lock (one writer per directory), quarantine (cut bytes and their
+manifest). Private: _xxh64 (pure-Python XXH64), _durability (sync modes, group commit,
+poisoning), _rotation (creating and sealing segments), _opening (options and tail recovery),
+_log (the writer), _read (reader and verifier), _base (the BASE marker of a compacted log),
+_compaction (Log.drop_before), _syncers (the interval syncers), _requests (request files in
+`requests/`: asks another process leaves for the live writer).
 """
 
 from __future__ import annotations
 
 from ._base import BASE_NAME, Base
 from ._log import Log
-from ._quarantine import CutLine, Quarantined
 from ._read import Record, VerifyReport, read, verify
 from ._requests import (
            PICK_UP_LIMIT,
@@ -42,6 +45,7 @@ from ._requests import pending as pending_requests
 from ._requests import post as post_request
 from ._requests import remove as remove_request
 from ._requests import remove_stale as remove_stale_requests
+from .quarantine import CutLine, Quarantined
 
 __all__ = ["BASE_NAME", "PICK_UP_LIMIT", "REQUESTS_DIR", "REQUEST_LIMIT", "Base", "CutLine", "Log",
            "MalformedRequestError", "Quarantined", "Record", "RequestWatch", "VerifyReport",

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 from .. import _codec
 from ..errors import CorruptionError
-from . import _format as fmt
-from ._fs import FileSystem, not_regular, write_all
-from ._segment import Problem, read_ends
+from . import format as fmt
+from .fs import FileSystem, not_regular, write_all
+from .segment import Problem, read_ends
 
 BASE_NAME = "BASE"
 BASE_TMP = "BASE.tmp"

@@ -8,8 +8,8 @@ import threading
 from ..errors import CorruptionError
 from ._base import Base, find_start, write_base
 from ._durability import Durability
-from ._scan import corruption, list_segments
-from ._segment import Problem, read_ends, read_header
+from .scan import corruption, list_segments
+from .segment import Problem, read_ends, read_header
 
 
 class Compaction(Durability):

@@ -11,7 +11,7 @@ from _thread import LockType, allocate_lock
 from typing import Any
 
 from ..errors import ClosedError, DiskFullError, PoisonedError, WaljError
-from ._fs import FileSystem
+from .fs import FileSystem
 
 GATHER_SECONDS = 0.001
 

@@ -15,14 +15,14 @@ from typing import Any
 from ..errors import PoisonedError, RecordTooLargeError
 from ._compaction import Compaction
 from ._durability import io_failure
-from ._format import encode_record, frame_record
-from ._fs import DEFAULT_FS, FileSystem, write_all
-from ._lock import WriterLock, forget_open_directories
 from ._opening import Replay, ReplayStart, check_options, prepare_directory, recover
-from ._quarantine import CutLine, Quarantined, cut_lines, read_manifest
 from ._rotation import Rotation
-from ._segment import Problem, SegmentScan
 from ._syncers import Syncer, start_syncer
+from .format import encode_record, frame_record
+from .fs import DEFAULT_FS, FileSystem, write_all
+from .lock import WriterLock, forget_open_directories
+from .quarantine import CutLine, Quarantined, cut_lines, read_manifest
+from .segment import Problem, SegmentScan
 
 _open_logs: weakref.WeakSet[Log] = weakref.WeakSet()
 

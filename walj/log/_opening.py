@@ -11,12 +11,12 @@ from dataclasses import dataclass
 from itertools import starmap
 
 from ..errors import WaljError
-from . import _format as fmt
+from . import format as fmt
 from ._base import find_start
-from ._fs import FileSystem
-from ._quarantine import Quarantined, cut_segment
-from ._scan import MODES, LogScan, check_for_writer, list_segments
-from ._segment import Problem, SegmentScan
+from .fs import FileSystem
+from .quarantine import Quarantined, cut_segment
+from .scan import MODES, LogScan, check_for_writer, list_segments
+from .segment import Problem, SegmentScan
 
 SYNC_MODES = ("always", "batch", "interval", "never")
 Replay = Callable[[int, bytes], None]

@@ -10,9 +10,9 @@ from typing import Any, NamedTuple
 from .. import _codec
 from ..errors import CorruptionError, DroppedWhileReadingError, WaljError
 from ._base import Base, read_base
-from ._fs import DEFAULT_FS, FileSystem
-from ._scan import LogScan, TornTail
-from ._segment import Problem
+from .fs import DEFAULT_FS, FileSystem
+from .scan import LogScan, TornTail
+from .segment import Problem
 
 
 class Record(NamedTuple):

@@ -19,8 +19,8 @@ from typing import Any
 
 from .. import _codec
 from ..errors import CorruptionError, RecordTooLargeError, WaljError
-from ._format import BODY_START, checksum_ok, frame, segment_index
-from ._fs import DEFAULT_FS, FileSystem, read_regular, write_all
+from .format import BODY_START, checksum_ok, frame, segment_index
+from .fs import DEFAULT_FS, FileSystem, read_regular, write_all
 
 REQUESTS_DIR = "requests"
 REQUEST_SUFFIX = ".req"

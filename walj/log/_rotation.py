@@ -9,9 +9,9 @@ import threading
 import time
 from typing import Any
 
-from . import _format as fmt
+from . import format as fmt
 from ._durability import Durability
-from ._fs import write_all
+from .fs import write_all
 
 _REHASH_BYTES = 1 << 20
 

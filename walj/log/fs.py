@@ -9,6 +9,9 @@ import sys
 
 from ..errors import CorruptionError
 
+__all__ = ["DEFAULT_FS", "DIR_MODE", "FILE_MODE", "FileSystem", "not_regular", "open_regular",
+           "read_regular", "refuse_hard_link", "write_all"]
+
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _DIRECTORY = getattr(os, "O_DIRECTORY", 0)

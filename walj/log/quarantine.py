@@ -11,15 +11,18 @@ from dataclasses import dataclass
 
 from .. import _codec
 from ..errors import CorruptionError
-from . import _format as fmt
-from ._fs import FileSystem, open_regular, read_regular, refuse_hard_link, write_all
-from ._segment import TAIL_KINDS
+from . import format as fmt
+from .fs import FileSystem, open_regular, read_regular, refuse_hard_link, write_all
+from .segment import TAIL_KINDS
+
+__all__ = ["MANIFEST", "MANIFEST_LIMIT", "QUARANTINE_DIR", "CutLine", "Quarantined", "cut_lines",
+           "cut_segment", "manifest_entry", "plain_name", "read_manifest"]
 
 QUARANTINE_DIR = "quarantine"
 MANIFEST = "MANIFEST.jsonl"
 _COPY_BYTES = 1 << 20
 # A manifest holds one short line per cut; more than this is not a manifest walj wrote.
-_MANIFEST_LIMIT = 64 << 20
+MANIFEST_LIMIT = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -169,18 +172,18 @@ def read_manifest(directory: str) -> list[Quarantined]:
     if not stat.S_ISDIR(st.st_mode):
         return []  # a writer refuses it when it has to cut (_check_quarantine_dir)
     try:
-        raw = read_regular(os.path.join(qdir, MANIFEST), _MANIFEST_LIMIT)
+        raw = read_regular(os.path.join(qdir, MANIFEST), MANIFEST_LIMIT)
     except FileNotFoundError:
         return []
     entries: list[Quarantined] = []
     for line in raw.split(b"\n"):
-        entry = _manifest_entry(line)
+        entry = manifest_entry(line)
         if entry is not None:
             entries.append(entry)
     return entries
 
 
-def _manifest_entry(line: bytes) -> Quarantined | None:
+def manifest_entry(line: bytes) -> Quarantined | None:
     try:
         value = _codec.decode(line)
     except ValueError:
@@ -189,7 +192,7 @@ def _manifest_entry(line: bytes) -> Quarantined | None:
         return None
     name, segment, kind, digest = (value.get(k) for k in ("file", "segment", "kind", "sha256"))
     offset, length, unix = value.get("offset"), value.get("length"), value.get("unix")
-    if not (isinstance(name, str) and _plain_name(name) and isinstance(segment, str)
+    if not (isinstance(name, str) and plain_name(name) and isinstance(segment, str)
             and isinstance(kind, str) and isinstance(digest, str)
             and type(offset) is int and offset >= 0 and type(length) is int and length >= 0):
         return None
@@ -197,7 +200,7 @@ def _manifest_entry(line: bytes) -> Quarantined | None:
     return Quarantined(name, segment, offset, length, kind, digest, when)
 
 
-def _plain_name(name: str) -> bool:
+def plain_name(name: str) -> bool:
     """A file name in the quarantine folder itself: no separator, no `..`, nothing hidden."""
     return bool(name) and "/" not in name and "\0" not in name and not name.startswith(".")
 

@@ -11,7 +11,13 @@ from .. import _codec
 from .._codec import encode as _encode
 from ..errors import SerializationError, UnsupportedVersionError
 
+__all__ = ["FORMAT_VERSION", "HEADER_LINE_LIMIT", "LINE_OVERHEAD", "MAX_RECORD_BYTES_LIMIT",
+           "SEGMENT_RE", "Header", "Seal", "checksum", "checksum_ok", "encode_record", "frame",
+           "frame_record", "parse_data", "parse_header", "parse_seal", "segment_index",
+           "segment_name"]
+
 xxh64_intdigest: Callable[[bytes | memoryview], int]
+
 try:
     from xxhash import xxh64_intdigest
 

@@ -9,10 +9,12 @@ from dataclasses import dataclass
 from functools import partial
 
 from ..errors import CorruptionError, UnsupportedVersionError
-from . import _format as fmt
+from . import format as fmt
 from ._base import Base, base_mismatch, find_start
-from ._fs import DEFAULT_FS, FileSystem, not_regular, refuse_hard_link
-from ._segment import TAIL_KINDS, Problem, SegmentScan, bad_line_kind, read_ends
+from .fs import DEFAULT_FS, FileSystem, not_regular, refuse_hard_link
+from .segment import TAIL_KINDS, Problem, SegmentScan, bad_line_kind, read_ends
+
+__all__ = ["MODES", "LogScan", "TornTail", "check_for_writer", "corruption", "list_segments"]
 
 MODES = ("tolerate_tail", "strict", "salvage")
 

@@ -8,8 +8,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from ..errors import CorruptionError, UnsupportedVersionError
-from . import _format as fmt
-from ._fs import FileSystem
+from . import format as fmt
+from .fs import FileSystem
+
+__all__ = ["CHUNK_BYTES", "SEAL_LINE_LIMIT", "TAIL_KINDS", "Problem", "SegmentScan",
+           "bad_line_kind", "read_ends", "read_header"]
 
 CHUNK_BYTES = 1 << 20
 

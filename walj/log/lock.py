@@ -13,7 +13,10 @@ from typing import NamedTuple
 
 from ..errors import CorruptionError, LockedError
 from ._durability import io_failure
-from ._fs import _CLOEXEC, _NOFOLLOW, FILE_MODE, FileSystem, read_regular, write_all
+from .fs import _CLOEXEC, _NOFOLLOW, FILE_MODE, FileSystem, read_regular, write_all
+
+__all__ = ["LOCK_NAME", "OWNER_NAME", "Owner", "WriterLock", "holds_lock", "owner_info",
+           "read_owner"]
 
 LOCK_NAME = "LOCK"
 OWNER_NAME = "LOCK.owner"
