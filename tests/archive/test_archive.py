@@ -15,7 +15,7 @@ from helpers import segments
 import walj
 import walj.archive as archive_mod
 from walj.errors import CorruptionError
-from walj.log import _format as fmt
+from walj.log import format as fmt
 
 
 def kinds(report: walj.VerifyReport) -> set[str]:

@@ -181,7 +181,7 @@ def test_a_verified_segment_that_begins_the_local_one_is_never_written_over(
 
     from archive_helpers import make_session
 
-    from walj.log import _format as fmt
+    from walj.log import format as fmt
 
     session = tmp_path / "s"
     make_session(session)

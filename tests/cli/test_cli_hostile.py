@@ -32,7 +32,7 @@ import walj
 from walj import _codec
 from walj.cli import main
 from walj.journal._recovery import rebuild
-from walj.log import _format as fmt
+from walj.log import format as fmt
 
 OSC52 = "\x1b]52;c;ZWNobyBvd25lZA==\x07"  # writes the clipboard
 OSC0 = "\x1b]0;owned\x07"  # sets the window title

@@ -193,10 +193,10 @@ def test_repair_refuses_a_newer_format(tmp_path: Path) -> None:
     make_plain_log(log, 3)
     seg = segments(log)[0]
     header, rest = seg.read_bytes().split(b"\n", 1)
-    from walj.log import _format
+    from walj.log import format
 
-    body = header[_format.BODY_START:].replace(b'"v":1', b'"v":7', 1)
-    seg.write_bytes(_format.frame(body) + rest)  # a valid line from a newer walj
+    body = header[format.BODY_START:].replace(b'"v":1', b'"v":7', 1)
+    seg.write_bytes(format.frame(body) + rest)  # a valid line from a newer walj
     before = seg.read_bytes()
     verify = walj_cli("verify", log, "--json")
     assert verify.code == 1

@@ -96,7 +96,7 @@ def test_a_broken_seal_chain_before_the_checkpoint_is_still_refused(
     if damage == "missing_segment":
         victim.unlink()
     else:  # a seal that verifies on its own line but is not the one the next header carries
-        from walj.log import _format as fmt
+        from walj.log import format as fmt
 
         lines = victim.read_bytes().rstrip(b"\n").split(b"\n")
         seal = json.loads(lines[-1])["seal"]
@@ -141,7 +141,7 @@ def _forge(path: Path, change: Any) -> None:
     line = json.loads(lines[1])
     change(line["data"])
     body = json.dumps({"seq": line["seq"], "data": line["data"]}, separators=(",", ":"))
-    from walj.log import _format as fmt
+    from walj.log import format as fmt
 
     lines[1] = fmt.frame(body[1:].encode())
     last.write_bytes(b"\n".join(lines))

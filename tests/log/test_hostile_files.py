@@ -25,7 +25,7 @@ from cli_helpers import ENV, make_journal, walj_cli
 from helpers import make_records, segments, write_log
 
 import walj
-from walj.log import _format as fmt
+from walj.log import format as fmt
 from walj.log.fs import FileSystem
 from walj.log.quarantine import cut_segment
 

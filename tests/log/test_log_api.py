@@ -150,7 +150,7 @@ def test_symlinked_segment_is_refused(logdir: Path, tmp_path: Path) -> None:
 
 
 def test_unknown_format_version_is_refused(logdir: Path) -> None:
-    from walj.log import _format as fmt
+    from walj.log import format as fmt
 
     write_log(logdir, make_records(2))
     seg = segments(logdir)[0]
@@ -207,7 +207,7 @@ def test_salvage_open_is_read_only(logdir: Path) -> None:
 
 
 def test_checksummed_line_that_is_not_json_is_a_typed_error(logdir: Path) -> None:
-    from walj.log import _format as fmt
+    from walj.log import format as fmt
 
     write_log(logdir, make_records(2))
     seg = segments(logdir)[0]

@@ -12,7 +12,7 @@ import pytest
 from helpers import all_data, make_records, segments, write_log
 
 import walj
-from walj.log import _format as fmt
+from walj.log import format as fmt
 
 
 def _line_ends(data: bytes) -> list[int]:

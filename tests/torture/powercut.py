@@ -16,7 +16,7 @@ from faultfs import CRASH_MODES, FaultyFS, SimulatedCrash, abandon
 from spec_reader import SpecError, read_records
 
 import walj
-from walj.log import _lock
+from walj.log import lock
 
 POWER_CUTS = tuple(m for m in CRASH_MODES if m != "keep")
 FAIL_OPS = ("write", "sync", "rename", "sync_dir", "create")
@@ -28,8 +28,8 @@ def forget_locks_of_dead_process(path: Path) -> None:
     gc.collect()  # the unreachable FileLock lets go of its descriptor
     if path.exists():
         st = path.stat()
-        with _lock._open_dirs_guard:
-            _lock._open_dirs.pop((st.st_dev, st.st_ino), None)
+        with lock._open_dirs_guard:
+            lock._open_dirs.pop((st.st_dev, st.st_ino), None)
 
 
 def make_record(life: int, k: int, rng: random.Random) -> dict[str, Any]:
