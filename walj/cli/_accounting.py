@@ -17,15 +17,15 @@ import os
 import stat
 from dataclasses import dataclass, field
 
+from ..log import BASE_NAME
 from ..log import format as fmt
-from ..log._base import BASE_NAME, BASE_TMP
 from ..log.lock import LOCK_NAME, OWNER_NAME
 from ..log.quarantine import QUARANTINE_DIR
 
 TOMBSTONE_PREFIX = ".walj-pruning-"  # a session renamed so, under its lock, is being deleted
 REQUESTS_DIR = "requests"  # resolution requests from the CLI to a live writer, when pending
 # The log's own files beside its segments.
-LOG_FILES = frozenset({LOCK_NAME, OWNER_NAME, OWNER_NAME + ".tmp", BASE_NAME, BASE_TMP})
+LOG_FILES = frozenset({LOCK_NAME, OWNER_NAME, OWNER_NAME + ".tmp", BASE_NAME, BASE_NAME + ".tmp"})
 # A session's own directories: the walk for sessions never searches them.
 OWN_DIRS = frozenset({QUARANTINE_DIR, REQUESTS_DIR})
 
@@ -75,26 +75,36 @@ def survey(path: str, gone: frozenset[str] = frozenset()) -> Survey:
         entries = sorted((entry.name, entry.stat(follow_symlinks=False).st_mode)
                          for entry in listing)
     for name, mode in entries:
-        regular, real_dir = stat.S_ISREG(mode), stat.S_ISDIR(mode)
-        if regular and (name in LOG_FILES or _is_rotation_leftover(name)):
-            found.files.append(name)
-        elif regular and is_segment(name):
-            found.segments.append(name)
-            found.files.append(name)
-        elif real_dir and name == QUARANTINE_DIR:
-            _survey_quarantine(path, found)
-        elif real_dir and name == REQUESTS_DIR and not os.listdir(os.path.join(path, name)):
-            found.dirs.append(name)
-        elif real_dir and name == REQUESTS_DIR:
-            found.unaccounted.append(f"{name}/: requests to the session's writer are pending")
-        elif real_dir and name.startswith(TOMBSTONE_PREFIX):
-            found.nested.append(f"{name}: a removal not finished, handled on its own")
-        elif real_dir:
-            _survey_subtree(path, name, gone, found)
-        else:
-            what = "walj did not write" if regular else "walj does not make"
-            found.unaccounted.append(f"{name}: {_kind(mode)} {what}")
+        _account(path, name, mode, gone, found)
     return found
+
+
+def _account(path: str, name: str, mode: int, gone: frozenset[str], found: Survey) -> None:
+    """Account for one entry of the session directory in `found`."""
+    regular = stat.S_ISREG(mode)
+    if stat.S_ISDIR(mode):
+        _account_directory(path, name, gone, found)
+    elif regular and (name in LOG_FILES or _is_rotation_leftover(name)):
+        found.files.append(name)
+    elif regular and is_segment(name):
+        found.segments.append(name)
+        found.files.append(name)
+    else:
+        what = "walj did not write" if regular else "walj does not make"
+        found.unaccounted.append(f"{name}: {_kind(mode)} {what}")
+
+
+def _account_directory(path: str, name: str, gone: frozenset[str], found: Survey) -> None:
+    if name == QUARANTINE_DIR:
+        _survey_quarantine(path, found)
+    elif name == REQUESTS_DIR and not os.listdir(os.path.join(path, name)):
+        found.dirs.append(name)
+    elif name == REQUESTS_DIR:
+        found.unaccounted.append(f"{name}/: requests to the session's writer are pending")
+    elif name.startswith(TOMBSTONE_PREFIX):
+        found.nested.append(f"{name}: a removal not finished, handled on its own")
+    else:
+        _survey_subtree(path, name, gone, found)
 
 
 def _survey_quarantine(path: str, found: Survey) -> None:
@@ -130,6 +140,21 @@ def _ancestors(path: str) -> set[int]:
 def _survey_subtree(path: str, name: str, gone: frozenset[str], found: Survey) -> None:
     """A directory walj did not make: another session (or a tombstone) somewhere below it
     keeps the parent as `nested`; any file or link as `unaccounted`; empty directories go."""
+    empty_dirs, sessions, other = _walk_foreign(path, name, gone)
+    if sessions == [name]:
+        found.nested.append(f"{name}: another session, handled on its own")
+    elif sessions:
+        shown = ", ".join(sessions[:2]) + (" ..." if len(sessions) > 2 else "")
+        found.nested.append(f"{name}: holds other sessions ({shown}), handled on their own")
+    found.unaccounted += other
+    if not sessions and not other:
+        found.dirs += empty_dirs
+
+
+def _walk_foreign(path: str, name: str,
+                  gone: frozenset[str]) -> tuple[list[str], list[str], list[str]]:
+    """The directory `name` of the session `path`, walked: its directories that hold nothing,
+    the sessions and tombstones below it, and what else it holds (each relative to `path`)."""
     top = os.path.join(path, name)
     empty_dirs: list[str] = []
     sessions: list[str] = []
@@ -160,11 +185,4 @@ def _survey_subtree(path: str, name: str, gone: frozenset[str], found: Survey) -
         other += [f"{os.path.join(relative, f)}: not walj's" for f in [*filenames, *links]]
         dirnames[:] = [d for d in dirnames if d not in links]
         empty_dirs.append(relative)
-    if sessions == [name]:
-        found.nested.append(f"{name}: another session, handled on its own")
-    elif sessions:
-        shown = ", ".join(sessions[:2]) + (" ..." if len(sessions) > 2 else "")
-        found.nested.append(f"{name}: holds other sessions ({shown}), handled on their own")
-    found.unaccounted += other
-    if not sessions and not other:
-        found.dirs += empty_dirs
+    return empty_dirs, sessions, other

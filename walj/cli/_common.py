@@ -13,14 +13,13 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import IO, Any
 
 from .._codec import MAX_DEPTH
-from ..journal._damage import CutLedger, unrecorded
-from ..journal._decode import time_of
+from ..archive import ArchiveError, is_url
 from ..log import format as fmt
 from ..log.fs import DEFAULT_FS, FileSystem
 from ..log.lock import holds_lock, owner_info
-from ..log.quarantine import cut_lines, read_manifest
 from ..log.scan import LogScan, TornTail
 from ..log.segment import Problem, read_header
+from ._model import time_of
 
 EXIT_OK = 0
 EXIT_PROBLEMS = 1
@@ -68,11 +67,10 @@ def segment_names(path: str) -> list[str]:
 def open_log(path: str, archive: str | None = None) -> tuple[str, FileSystem, list[str]]:
     """The log a read command reads, as (directory, file system, segment names): a local
     directory, an archived session's URL, or a local session continued from its archive root
-    (`--archive`). The archive package is imported only for those two (never fsspec otherwise).
+    (`--archive`). An archive view is opened only for those two (never fsspec otherwise).
     """
-    if archive is None and "://" not in path:
+    if archive is None and not is_url(path):
         return path, DEFAULT_FS, segment_names(path)
-    from ..archive._store import ArchiveError
     from ..archive._view import open_view
 
     if archive is not None:
@@ -321,10 +319,6 @@ def duration(seconds: float | None) -> str:
     return f"{days}d{hours:02d}h"
 
 
-def age(t: float | None, now: float) -> float | None:
-    return None if t is None else round(max(0.0, now - t), 3)
-
-
 def short(text: Any, width: int) -> str:
     """One printable line of at most `width` characters; a cut ends with '…'."""
     value = "-" if text is None else text if isinstance(text, str) else _describe(text)
@@ -377,12 +371,3 @@ def _describe(value: Any) -> str:
 
 def plural(count: int, word: str, words: str | None = None) -> str:
     return f"{count:,} {word if count == 1 else (words or word + 's')}"
-
-
-def note_unrecorded(path: str, ledger: CutLedger) -> None:
-    """Count the cuts in quarantine/ that no journal has recorded yet as the next open will
-    record them (a writer died between a cut and its record, or `walj repair` ran)."""
-    records = unrecorded(read_manifest(path), ledger, lambda entry: cut_lines(path, entry),
-                         time.time())
-    for record in records:
-        ledger.log_cut(0, record)

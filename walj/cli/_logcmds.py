@@ -9,12 +9,12 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..archive import is_url
 from ..errors import CorruptionError
-from ..journal._decode import decode_record, time_of
-from ..journal._records import subject_of
 from ..log import format as fmt
 from ..log.fs import open_regular
 from ..log.quarantine import MANIFEST, QUARANTINE_DIR
+from ..log.segment import Problem
 from ._common import (
     EXIT_OK,
     EXIT_PROBLEMS,
@@ -34,6 +34,7 @@ from ._common import (
     torn_json,
     write_lines,
 )
+from ._model import decode_record, subject_of, time_of
 
 # --- verify ---------------------------------------------------------------------------------
 
@@ -88,47 +89,54 @@ def cmd_verify(args: argparse.Namespace) -> int:
     }
     if args.json:
         emit_json(report)
-        return EXIT_OK if ok else EXIT_PROBLEMS
-    first = (base.first_seq if base is not None else 1) if log_scan.records else 0
-    state = "ok" if ok else "PROBLEMS FOUND"
+    else:
+        write_lines([*_verify_lines(report, args.strict, archived_cuts is not None),
+                     *_problem_lines(path, log_scan.problems)])
+    return EXIT_OK if ok else EXIT_PROBLEMS
+
+
+def _verify_lines(report: dict[str, Any], strict: bool, archived: bool) -> list[str]:
+    base, torn, cuts = report["base"], report["torn_tail"], report["quarantine"]
+    first = (base["first_seq"] if base is not None else 1) if report["records"] else 0
     lines = [
-        f"{path}: {state}",
-        f"  {plural(log_scan.records, 'record')} (seq {first}-{log_scan.last_seq}) in "
-        f"{plural(len(log_scan.segments), 'segment')}, {report['bytes']:,} bytes; "
-        f"log id {log_scan.log_id or '-'}",
+        f"{report['path']}: {'ok' if report['ok'] else 'PROBLEMS FOUND'}",
+        f"  {plural(report['records'], 'record')} (seq {first}-{report['last_seq']}) in "
+        f"{plural(len(report['segments']), 'segment')}, {report['bytes']:,} bytes; "
+        f"log id {report['log_id'] or '-'}",
         "  checked: line checksums (XXH64), seq continuity, segment headers and format "
         f"version {fmt.FORMAT_VERSION}, seals and the seal chain",
     ]
+    leftovers = report["leftovers"]
     if base is not None:
-        lines.append(f"  compacted: begins at segment {base.index}, seq {base.first_seq} "
+        lines.append(f"  compacted: begins at segment {base['segment']}, seq {base['first_seq']} "
                      f"(BASE); the chain is verified from there"
-                     + (f"; {plural(len(log_scan.leftovers), 'leftover segment')} of an "
-                        "interrupted drop below it, not read" if log_scan.leftovers else ""))
+                     + (f"; {plural(len(leftovers), 'leftover segment')} of an "
+                        "interrupted drop below it, not read" if leftovers else ""))
     if torn is not None:
-        lines.append(f"  torn tail: {torn.file} at byte {torn.offset:,}, {torn.length:,} bytes "
-                     f"({torn.kind}): a write in progress or a crash mid-append; the next "
-                     "writer moves it to quarantine/" + (" [--strict: a problem]"
-                                                         if args.strict else ""))
-    if report["quarantine"]:
-        cut = sum(e["length"] for e in report["quarantine"] if type(e.get("length")) is int)
-        lines.append(f"  quarantine: {plural(len(report['quarantine']), 'earlier cut')} "
-                     f"({cut:,} bytes) kept in {QUARANTINE_DIR}/"
-                     + (", each checked against its manifest line" if archived_cuts else ""))
-    if log_scan.problems:
-        lines.append("")
-        lines.append(f"{plural(len(log_scan.problems), 'problem')}:")
-        rows = [(p.file, f"{p.offset:,}", p.seq, p.kind, short(p.detail, 70))
-                for p in log_scan.problems]
-        lines += table(("FILE", "OFFSET", "SEQ", "KIND", "DETAIL"), rows, right=(1, 2))
-        lines.append("")
-        if "://" in path:  # an archive is never repaired in place
-            lines.append("`walj archive SESSION_DIR --to ARCHIVE` writes again every archived "
-                         "object that is a partial or damaged copy of the session's own files.")
-        else:
-            lines.append(f"`walj repair {path}` cuts the damaged suffix into quarantine/ "
-                         "(see --dry-run first).")
-    write_lines(lines)
-    return EXIT_OK if ok else EXIT_PROBLEMS
+        lines.append(f"  torn tail: {torn['file']} at byte {torn['offset']:,}, "
+                     f"{torn['length']:,} bytes ({torn['kind']}): a write in progress or a "
+                     "crash mid-append; the next writer moves it to quarantine/"
+                     + (" [--strict: a problem]" if strict else ""))
+    if cuts:
+        cut = sum(e["length"] for e in cuts if type(e.get("length")) is int)
+        lines.append(f"  quarantine: {plural(len(cuts), 'earlier cut')} ({cut:,} bytes) kept "
+                     f"in {QUARANTINE_DIR}/"
+                     + (", each checked against its manifest line" if archived else ""))
+    return lines
+
+
+def _problem_lines(path: str, problems: list[Problem]) -> list[str]:
+    if not problems:
+        return []
+    rows = [(p.file, f"{p.offset:,}", p.seq, p.kind, short(p.detail, 70)) for p in problems]
+    if is_url(path):  # an archive is never repaired in place
+        repair = ("`walj archive SESSION_DIR --to ARCHIVE` writes again every archived object "
+                  "that is a partial or damaged copy of the session's own files.")
+    else:
+        repair = (f"`walj repair {path}` cuts the damaged suffix into quarantine/ (see "
+                  "--dry-run first).")
+    return ["", f"{plural(len(problems), 'problem')}:",
+            *table(("FILE", "OFFSET", "SEQ", "KIND", "DETAIL"), rows, right=(1, 2)), "", repair]
 
 
 # --- stats ----------------------------------------------------------------------------------
@@ -162,57 +170,51 @@ def percentile(values: list[float], fraction: float) -> float | None:
     return values[rank - 1]
 
 
+@dataclass
+class Counts:
+    """What `walj stats` counts in one pass over the records."""
+
+    kinds: dict[str, int] = field(default_factory=dict)
+    tools: dict[str, ToolStats] = field(default_factory=dict)
+    open_calls: dict[str, tuple[str, float | None]] = field(default_factory=dict)  # id: tool, t
+    first_t: float | None = None
+    last_t: float | None = None
+    first_seq: int | None = None
+    undecodable: list[int] = field(default_factory=list)
+
+    def add(self, seq: int, raw: bytes) -> None:
+        if self.first_seq is None:
+            self.first_seq = seq
+        try:
+            data = decode_record(raw)
+        except ValueError:
+            self.undecodable.append(seq)
+            data = None
+        kind = data.get("kind") if isinstance(data, dict) else None
+        kind = kind if isinstance(kind, str) else "-"
+        self.kinds[kind] = self.kinds.get(kind, 0) + 1
+        if not isinstance(data, dict):
+            return
+        t = time_of(data.get("at"))
+        if t is not None:
+            self.first_t = t if self.first_t is None else min(self.first_t, t)
+            self.last_t = t if self.last_t is None else max(self.last_t, t)
+        _count_tool_record(kind, data, t, self.tools, self.open_calls)
+
+
 def cmd_stats(args: argparse.Namespace) -> int:
     path: str = args.path
     names = segment_names(path)
     log_scan, records = scan(path, names, desc="counting")
-    kinds: dict[str, int] = {}
-    tools: dict[str, ToolStats] = {}
-    open_calls: dict[str, tuple[str, float | None]] = {}  # execution id -> (tool, started at)
-    first_t: float | None = None
-    last_t: float | None = None
-    first_seq: int | None = None
-    undecodable: list[int] = []
+    counts = Counts()
     for seq, raw in records:
-        if first_seq is None:
-            first_seq = seq
-        try:
-            data = decode_record(raw)
-        except ValueError:
-            undecodable.append(seq)
-            data = None
-        if not isinstance(data, dict):
-            kinds["-"] = kinds.get("-", 0) + 1
-            continue
-        kind = data.get("kind")
-        kind = kind if isinstance(kind, str) else "-"
-        kinds[kind] = kinds.get(kind, 0) + 1
-        t = time_of(data.get("at"))
-        if t is not None:
-            first_t = t if first_t is None else min(first_t, t)
-            last_t = t if last_t is None else max(last_t, t)
-        _count_tool_record(kind, data, t, tools, open_calls)
-    for tool, _ in open_calls.values():
-        tools[tool].ambiguous += 1
+        counts.add(seq, raw)
+    for tool, _ in counts.open_calls.values():
+        counts.tools[tool].ambiguous += 1
+    first_t, last_t = counts.first_t, counts.last_t
     if first_t is None:
         first_t = log_created(path, names)
     span = None if first_t is None or last_t is None else round(last_t - first_t, 3)
-    tool_rows: list[dict[str, Any]] = []
-    for name in sorted(tools):
-        st = tools[name]
-        st.durations.sort()
-        p50, p99 = percentile(st.durations, 0.5), percentile(st.durations, 0.99)
-        tool_rows.append({
-            "tool": name, "calls": st.calls, "ok": st.outcomes.get("ok", 0),
-            "error": st.outcomes.get("error", 0), "cancelled": st.outcomes.get("cancelled", 0),
-            # A guard's ToolBlocked and a dispatch the blocked journal turned away: the API
-            # names both outcome `blocked`, and neither ran the tool.
-            "blocked": st.outcomes.get("blocked", 0) + st.journal_blocked,
-            "ambiguous": st.ambiguous, "replayed": st.replayed, "refused": st.refused,
-            "error_rate": st.error_rate(),
-            "p50_seconds": None if p50 is None else round(p50, 3),
-            "p99_seconds": None if p99 is None else round(p99, 3),
-        })
     report: dict[str, Any] = {
         "schema": "walj.stats/2",
         "path": path,
@@ -220,43 +222,65 @@ def cmd_stats(args: argparse.Namespace) -> int:
         "segments": len(log_scan.segments),
         "bytes": segment_bytes(path, names),
         "records": log_scan.records,
-        "first_seq": first_seq,
+        "first_seq": counts.first_seq,
         "last_seq": log_scan.last_seq,
         "problems": len(log_scan.problems),
-        "undecodable": len(undecodable),
+        "undecodable": len(counts.undecodable),
         "time_span": {"first": first_t, "last": last_t, "seconds": span},
-        "kinds": dict(sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0]))),
-        "tools": tool_rows,
+        "kinds": dict(sorted(counts.kinds.items(), key=lambda kv: (-kv[1], kv[0]))),
+        "tools": [_tool_json(name, counts.tools[name]) for name in sorted(counts.tools)],
     }
-    code = EXIT_PROBLEMS if log_scan.problems or undecodable else EXIT_OK
+    code = EXIT_PROBLEMS if log_scan.problems or counts.undecodable else EXIT_OK
     if args.json:
         emit_json(report)
-        return code
+    else:
+        write_lines(_stats_lines(report, counts.undecodable))
+    return code
+
+
+def _tool_json(name: str, st: ToolStats) -> dict[str, Any]:
+    st.durations.sort()
+    p50, p99 = percentile(st.durations, 0.5), percentile(st.durations, 0.99)
+    return {
+        "tool": name, "calls": st.calls, "ok": st.outcomes.get("ok", 0),
+        "error": st.outcomes.get("error", 0), "cancelled": st.outcomes.get("cancelled", 0),
+        # A guard's ToolBlocked and a dispatch the blocked journal turned away: the API
+        # names both outcome `blocked`, and neither ran the tool.
+        "blocked": st.outcomes.get("blocked", 0) + st.journal_blocked,
+        "ambiguous": st.ambiguous, "replayed": st.replayed, "refused": st.refused,
+        "error_rate": st.error_rate(),
+        "p50_seconds": None if p50 is None else round(p50, 3),
+        "p99_seconds": None if p99 is None else round(p99, 3),
+    }
+
+
+def _stats_lines(report: dict[str, Any], undecodable: list[int]) -> list[str]:
+    path, span = report["path"], report["time_span"]
     lines = [
         f"{path}",
         f"  {plural(report['segments'], 'segment')}, {report['bytes']:,} bytes, "
-        f"{plural(log_scan.records, 'record')} (seq {first_seq or 0}-{log_scan.last_seq})",
-        f"  from {clock(first_t)} to {clock(last_t)} UTC ({duration(span)})",
+        f"{plural(report['records'], 'record')} (seq {report['first_seq'] or 0}-"
+        f"{report['last_seq']})",
+        f"  from {clock(span['first'])} to {clock(span['last'])} UTC "
+        f"({duration(span['seconds'])})",
     ]
-    if log_scan.problems:
-        lines.append(f"  {plural(len(log_scan.problems), 'problem')}: run `walj verify {path}`")
+    if report["problems"]:
+        lines.append(f"  {plural(report['problems'], 'problem')}: run `walj verify {path}`")
     if undecodable:
         lines.append(f"  {plural(len(undecodable), 'undecodable record')}: verified, but not "
                      f"JSON (counted as '-'; first seq {undecodable[0]}): written by no walj")
     lines += ["", "Records by kind"]
-    lines += table(("KIND", "RECORDS"), sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])),
-                   right=(1,))
-    if tool_rows:
+    lines += table(("KIND", "RECORDS"), report["kinds"].items(), right=(1,))
+    if report["tools"]:
         lines += ["", "Tools"]
         rows = [(r["tool"], r["calls"], r["ok"], r["error"], r["cancelled"], r["blocked"],
                  r["ambiguous"], r["replayed"], r["refused"],
                  "-" if r["error_rate"] is None else f"{r['error_rate']:.1%}",
-                 duration(r["p50_seconds"]), duration(r["p99_seconds"])) for r in tool_rows]
+                 duration(r["p50_seconds"]), duration(r["p99_seconds"])) for r in report["tools"]]
         lines += table(("TOOL", "CALLS", "OK", "ERROR", "CANCELLED", "BLOCKED", "AMBIGUOUS",
                         "REPLAYED", "REFUSED", "ERROR RATE", "P50", "P99"), rows,
                        right=range(1, 12))
-    write_lines(lines)
-    return code
+    return lines
 
 
 def _tool_name(value: Any) -> str:

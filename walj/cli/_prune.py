@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..archive import is_url
 from ..errors import WaljError
-from ..journal._recovery import MAX_KEEP_TURNS
 from ._accounting import survey
 from ._common import (
     EXIT_INTERRUPTED,
@@ -27,6 +27,7 @@ from ._common import (
     table,
     write_lines,
 )
+from ._model import MAX_KEEP_TURNS
 from ._retire import (
     Busy,
     Kept,
@@ -38,7 +39,7 @@ from ._retire import (
     finish_tombstone,
     remove,
 )
-from ._sweep import _progress, _relative, age_of, find_logs, run_checks, segment_count
+from ._sweep import _jobs, _progress, _relative, age_of, find_logs, run_checks, segment_count
 
 ACTIONS = ("removed", "removed_idle", "compacted", "finished_removal", "would_remove",
            "would_remove_idle", "would_compact", "would_finish_removal", "kept_young",
@@ -209,10 +210,8 @@ def cmd_prune(args: argparse.Namespace) -> int:
     older_than = parse_age(args.older_than)
     if not 0 <= args.keep_turns <= MAX_KEEP_TURNS:
         raise CliError(f"--keep-turns must be from 0 to {MAX_KEEP_TURNS}")
-    jobs = args.jobs if args.jobs is not None else min(8, os.cpu_count() or 1)
-    if jobs < 1:
-        raise CliError("--jobs must be at least 1")
-    if "://" in root:
+    jobs = _jobs(args)
+    if is_url(root):
         raise CliError("prune works on local sessions; an archive is only ever added to")
     if args.archive is not None and args.delete_unarchived:
         raise CliError("--archive and --delete-unarchived exclude each other")
@@ -220,9 +219,33 @@ def cmd_prune(args: argparse.Namespace) -> int:
     logs, unreadable = find_logs(root, tombstones)
     entries = run_checks(logs, jobs, _progress(len(logs), "checking")) + unreadable
     entries.sort(key=lambda e: e["path"])
-    now = time.time()
     results: list[dict[str, Any]] = []
-    interrupted = False
+    interrupted = _prune_all(tombstones, entries, args, older_than, results)
+    # Tombstones first, then sessions, each in path order.
+    results.sort(key=lambda r: (r["status"] is not None, r["path"]))
+    counts = {action: 0 for action in ACTIONS}
+    for result in results:
+        counts[result["action"]] += 1
+    code = (EXIT_INTERRUPTED if interrupted else
+            EXIT_PROBLEMS if any(r["action"] in PROBLEMS for r in results) else EXIT_OK)
+    found = len(entries) + len(tombstones)
+    if args.json:
+        emit_json({"schema": "walj.prune/1", "root": root, "older_than_seconds": older_than,
+                   "dry_run": args.dry_run, "archive": args.archive,
+                   "include_idle": args.include_idle,
+                   "keep_turns": args.keep_turns, "interrupted": interrupted,
+                   "sessions_found": found, "counts": counts, "sessions": results})
+    else:
+        write_lines(_text(root, args, results, counts, found, interrupted))
+    return code
+
+
+def _prune_all(tombstones: list[str], entries: list[dict[str, Any]], args: argparse.Namespace,
+               older_than: float, results: list[dict[str, Any]]) -> bool:
+    """Finish the tombstones, then decide every session, deepest first, into `results`.
+    True if interrupted (Ctrl-C): every step is safe to stop anywhere, and the session under
+    way is whole or a tombstone."""
+    now = time.time()
     gone: set[str] = set()
     try:
         for tombstone in sorted(tombstones, key=lambda t: (-t.count(os.sep), t)):
@@ -234,25 +257,8 @@ def cmd_prune(args: argparse.Namespace) -> int:
             if results[-1]["action"] in GOING:
                 gone.add(os.path.normpath(entry["path"]))
     except KeyboardInterrupt:
-        # Every step is safe to stop anywhere; the session under way is whole or a tombstone.
-        interrupted = True
-    # Tombstones first, then sessions, each in path order.
-    results.sort(key=lambda r: (r["status"] is not None, r["path"]))
-    counts = {action: 0 for action in ACTIONS}
-    for result in results:
-        counts[result["action"]] += 1
-    code = (EXIT_INTERRUPTED if interrupted else
-            EXIT_PROBLEMS if any(r["action"] in PROBLEMS for r in results) else EXIT_OK)
-    if args.json:
-        emit_json({"schema": "walj.prune/1", "root": root, "older_than_seconds": older_than,
-                   "dry_run": args.dry_run, "archive": args.archive,
-                   "include_idle": args.include_idle,
-                   "keep_turns": args.keep_turns, "interrupted": interrupted,
-                   "sessions_found": len(entries) + len(tombstones), "counts": counts,
-                   "sessions": results})
-        return code
-    write_lines(_text(root, args, results, counts, len(entries) + len(tombstones), interrupted))
-    return code
+        return True
+    return False
 
 
 def _text(root: str, args: argparse.Namespace, results: list[dict[str, Any]],
@@ -263,16 +269,25 @@ def _text(root: str, args: argparse.Namespace, results: list[dict[str, Any]],
     if interrupted:
         lines.append(f"interrupted after {len(results)} of {found}: the rest were not looked "
                      "at; run prune again to go on")
-    shown = results if args.all else [r for r in results if r["action"] not in QUIET]
-    if shown:
-        rows = [(_relative(r["path"], root), r["action"],
-                 "-" if r["age_seconds"] is None else duration(r["age_seconds"]),
-                 short(r["detail"], 90) if r["detail"] else "") for r in shown]
-        lines += [""] + table(("SESSION", "ACTION", "AGE", "DETAIL"), rows)
-    if any(r["action"] == "kept_unaccounted" for r in results):
-        lines += ["", "Next: a kept_unaccounted session holds what prune cannot account for "
-                  "(its DETAIL says what); move that away or archive it, then prune again."]
-    if any(r["action"] == "kept_blocked" for r in results):
-        lines += ["", "Next: `walj inspect SESSION` for a blocked session; it is kept until its "
-                  "blockers are resolved."]
-    return lines
+    lines += _session_table(root, results if args.all else
+                            [r for r in results if r["action"] not in QUIET])
+    actions = {r["action"] for r in results}
+    return lines + [line for action, text in _NEXT.items() if action in actions
+                    for line in ("", text)]
+
+
+def _session_table(root: str, shown: list[dict[str, Any]]) -> list[str]:
+    if not shown:
+        return []
+    rows = [(_relative(r["path"], root), r["action"], duration(r["age_seconds"]),
+             short(r["detail"], 90) if r["detail"] else "") for r in shown]
+    return [""] + table(("SESSION", "ACTION", "AGE", "DETAIL"), rows)
+
+
+# What to do about a session kept for a reason the user can act on.
+_NEXT = {
+    "kept_unaccounted": "Next: a kept_unaccounted session holds what prune cannot account for "
+                        "(its DETAIL says what); move that away or archive it, then prune again.",
+    "kept_blocked": "Next: `walj inspect SESSION` for a blocked session; it is kept until its "
+                    "blockers are resolved.",
+}

@@ -10,11 +10,9 @@ import re
 import signal
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from ..journal._decode import decode_record
-from ..journal._records import record_kind, subject_of
 from ..log import format as fmt
 from ..log.fs import open_regular
 from ..log.scan import LogScan
@@ -34,6 +32,7 @@ from ._common import (
     str_list,
     warn,
 )
+from ._model import decode_record, kind_of, subject_of
 
 KIND_WIDTH = 31
 FOLLOW_CHUNK = 4 << 20
@@ -43,22 +42,48 @@ _RAW_UNSAFE = re.compile(rb"[\x00-\x1f\x7f]|\xc2[\x80-\x9f]"
                          rb"|\xe2\x80[\xaa-\xae]|\xe2\x81[\xa6-\xa9]")
 
 
-def kind_of(raw: bytes) -> str:
-    """The journal kind (`kind`) of a record's JSON bytes; '-' for a record without one."""
-    kind = record_kind(raw)
-    if kind is not None:
-        return kind
-    try:
-        data = decode_record(raw)
-    except ValueError:
-        return "-"
-    value = data.get("kind") if isinstance(data, dict) else None
-    return value if isinstance(value, str) else "-"
-
-
 def _turn(data: dict[str, Any]) -> str:
     turn = data.get("turn_sequence")
     return "" if turn is None else f" turn {turn}"
+
+
+def _blocked(data: dict[str, Any]) -> str:
+    count = len(str_list(data.get("blocked_by"))) + len(int_list(data.get("blocked_by_turns")))
+    return (f"{data.get('tool')} {data.get('call_id')}{_turn(data)} blocked: the journal was "
+            f"blocked by {count} blocker(s)")
+
+
+def _resolved(data: dict[str, Any]) -> str:
+    return f"{data.get('outcome')} by {data.get('actor')}: {data.get('note')}"
+
+
+# A one-line description of each journal kind, for the table view.
+_SUMMARIES: dict[str, Callable[[dict[str, Any]], str]] = {
+    "turn_started": lambda d: _turn(d).strip(),
+    "turn_completed": lambda d: _turn(d).strip(),
+    "tool_execution_started": lambda d: (f"{d.get('tool')} {d.get('call_id')}{_turn(d)} args "
+                                         f"{d.get('arguments_preview')}"),
+    "tool_execution_finished": lambda d: (f"{d.get('outcome')}: "
+                                          f"{d.get('error') or d.get('output_preview')}"),
+    "tool_execution_ambiguous": lambda d: f"interrupted by {d.get('error_type')}",
+    "tool_execution_blocked": _blocked,
+    "tool_execution_replayed": lambda d: (f"{d.get('tool')} {d.get('call_id')}{_turn(d)} "
+                                          f"replayed {d.get('outcome')} from record "
+                                          f"{d.get('answered_from_seq')}"),
+    "tool_execution_refused": lambda d: (f"{d.get('tool')} {d.get('call_id')}{_turn(d)} "
+                                         f"refused: {d.get('refused_reason')}"),
+    "session_named": lambda d: f"session {d.get('session_id')}",
+    "tool_execution_resolved": _resolved,
+    "llm_call_resolved": _resolved,
+    "turn_resolved": lambda d: (f"turn {d.get('turn_sequence')} by {d.get('actor')}: "
+                                f"{d.get('note')}"),
+    "tool_execution_reconcile_failed": lambda d: (f"{d.get('tool')} reconcile failed: "
+                                                  f"{d.get('error')}"),
+    "llm_call_started": lambda d: (f"model {d.get('model')}{_turn(d)} request "
+                                   f"{d.get('request_preview')}"),
+    "llm_call_finished": lambda d: (f"{d.get('outcome')}: "
+                                    f"{d.get('error') or d.get('response_preview')}"),
+}
 
 
 def summary(data: Any) -> str:
@@ -66,39 +91,9 @@ def summary(data: Any) -> str:
     if not isinstance(data, dict):
         return short(data, 100)
     kind = data.get("kind")
-    if kind in ("turn_started", "turn_completed"):
-        return _turn(data).strip()
-    if kind == "tool_execution_started":
-        return (f"{data.get('tool')} {data.get('call_id')}{_turn(data)} args "
-                f"{data.get('arguments_preview')}")
-    if kind == "tool_execution_finished":
-        if data.get("error"):
-            return f"{data.get('outcome')}: {data.get('error')}"
-        return f"{data.get('outcome')}: {data.get('output_preview')}"
-    if kind == "tool_execution_ambiguous":
-        return f"interrupted by {data.get('error_type')}"
-    if kind == "tool_execution_blocked":
-        count = len(str_list(data.get("blocked_by"))) + len(int_list(data.get("blocked_by_turns")))
-        return (f"{data.get('tool')} {data.get('call_id')}{_turn(data)} blocked: the journal "
-                f"was blocked by {count} blocker(s)")
-    if kind == "tool_execution_replayed":
-        return (f"{data.get('tool')} {data.get('call_id')}{_turn(data)} replayed "
-                f"{data.get('outcome')} from record {data.get('answered_from_seq')}")
-    if kind == "tool_execution_refused":
-        return (f"{data.get('tool')} {data.get('call_id')}{_turn(data)} refused: "
-                f"{data.get('refused_reason')}")
-    if kind == "session_named":
-        return f"session {data.get('session_id')}"
-    if kind in ("tool_execution_resolved", "llm_call_resolved"):
-        return f"{data.get('outcome')} by {data.get('actor')}: {data.get('note')}"
-    if kind == "turn_resolved":
-        return f"turn {data.get('turn_sequence')} by {data.get('actor')}: {data.get('note')}"
-    if kind == "tool_execution_reconcile_failed":
-        return f"{data.get('tool')} reconcile failed: {data.get('error')}"
-    if kind == "llm_call_started":
-        return f"model {data.get('model')}{_turn(data)} request {data.get('request_preview')}"
-    if kind == "llm_call_finished":
-        return f"{data.get('outcome')}: {data.get('error') or data.get('response_preview')}"
+    describe = _SUMMARIES.get(kind) if isinstance(kind, str) else None
+    if describe is not None:
+        return describe(data)
     return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
 
 

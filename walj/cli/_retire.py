@@ -25,6 +25,7 @@ from ..log.fs import DEFAULT_FS, FileSystem
 from ..log.lock import WriterLock
 from ..log.scan import list_segments
 from ._accounting import TOMBSTONE_PREFIX, Survey, survey
+from ._model import end_idle_journal
 from ._sweep import check_log
 
 if TYPE_CHECKING:
@@ -186,10 +187,8 @@ def end_idle(path: str, idle_since: float) -> int:
     """End an idle session as upkeep (its end carries its last activity's time): open it as
     its writer (Busy if it is open), refuse if it is blocked or has a record newer than
     `idle_since` (Kept). Returns its last seq once ended."""
-    from ..journal._compact import end_idle as end_journal
-
     with _unblocked_writer(path, "to end it") as journal:
-        last_seq = end_journal(journal._core, idle_since)
+        last_seq = end_idle_journal(journal._core, idle_since)
     if last_seq is None:
         raise Kept("changed since it was checked: a record newer than --older-than")
     return last_seq

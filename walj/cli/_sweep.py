@@ -11,9 +11,8 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any
 
+from ..archive import is_url
 from ..errors import UnsupportedVersionError, WaljError
-from ..journal._decode import decode_record, time_of
-from ..journal._recovery import RecoveryState
 from ..log import format as fmt
 from ..log.fs import DEFAULT_FS, FileSystem
 from ..log.scan import LogScan, list_segments
@@ -24,14 +23,22 @@ from ._common import (
     CliError,
     duration,
     emit_json,
-    note_unrecorded,
     plural,
     problem_json,
     short,
     table,
     write_lines,
 )
-from ._records import kind_of
+from ._model import (
+    Rebuild,
+    Recovery,
+    RecoveryState,
+    blocker_json,
+    decode_record,
+    note_unrecorded,
+    rebuild,
+    time_of,
+)
 
 STATUSES = ("active", "ended", "blocked", "corrupt", "unsupported", "unreadable")
 _TIME_FIELD = b'"at":'
@@ -64,26 +71,31 @@ def find_logs(root: str, tombstones: list[str] | None = None
         unreadable.append(_entry(where, "unreadable", detail=f"cannot list: {exc.strerror}"))
 
     for dirpath, dirnames, filenames in os.walk(root, onerror=failed):
-        if os.path.basename(dirpath).startswith(TOMBSTONE_PREFIX) and dirpath != root:
+        if dirpath != root and os.path.basename(dirpath).startswith(TOMBSTONE_PREFIX):
             if tombstones is not None:
                 tombstones.append(dirpath)
             dirnames[:] = []
-            continue
-        if not _first_visit(dirpath, seen, unreadable):
+        elif not _first_visit(dirpath, seen, unreadable):
             dirnames[:] = []
-            continue
-        session = any(fmt.segment_index(name) is not None for name in filenames)
-        if session:
-            logs.append(dirpath)
-        links = {d for d in dirnames if os.path.islink(os.path.join(dirpath, d))}
-        # A dangling link may be a session whose target is gone (an unmounted volume).
-        dangling = [f for f in filenames if not os.path.exists(os.path.join(dirpath, f))
-                    and os.path.islink(os.path.join(dirpath, f))]
-        for name in sorted([*links, *dangling]):
-            unreadable.append(_symlink_entry(os.path.join(dirpath, name), name in links))
-        dirnames[:] = sorted(d for d in dirnames
-                             if d not in links and not (session and d in OWN_DIRS))
+        else:
+            session = any(fmt.segment_index(name) is not None for name in filenames)
+            if session:
+                logs.append(dirpath)
+            dirnames[:] = _subdirectories(dirpath, dirnames, filenames, session, unreadable)
     return sorted(logs), unreadable
+
+
+def _subdirectories(dirpath: str, dirnames: list[str], filenames: list[str], session: bool,
+                    unreadable: list[dict[str, Any]]) -> list[str]:
+    """The directories to search below `dirpath`: never a symbolic link (listed as
+    unreadable), nor a session's own directories."""
+    links = {d for d in dirnames if os.path.islink(os.path.join(dirpath, d))}
+    # A dangling link may be a session whose target is gone (an unmounted volume).
+    dangling = [f for f in filenames if not os.path.exists(os.path.join(dirpath, f))
+                and os.path.islink(os.path.join(dirpath, f))]
+    for name in sorted([*links, *dangling]):
+        unreadable.append(_symlink_entry(os.path.join(dirpath, name), name in links))
+    return sorted(d for d in dirnames if d not in links and not (session and d in OWN_DIRS))
 
 
 def _first_visit(path: str, seen: set[tuple[int, int]],
@@ -129,63 +141,78 @@ def check_log(path: str, fs: FileSystem = DEFAULT_FS) -> dict[str, Any]:
     whatever goes wrong is the log's status. Runs in a worker process (or, for an archived
     session read through `fs`, a thread)."""
     log_scan = LogScan(path, mode="salvage", fs=fs)
-    state = RecoveryState()
-    feeding = True
-    journal_error: tuple[str, str] | None = None  # (status, detail)
-    plain = False
-    timed: bytes | None = None  # the last record that carries a time
+    timed = _LastTimed()
+    records = timed.watch(log_scan)
     try:
-        for seq, raw in log_scan:
-            if _TIME_FIELD in raw:
-                timed = raw
-            if not feeding:
-                continue
-            if state.records == 0 and kind_of(raw) == "-":
-                feeding, plain = False, True
-                continue
-            try:
-                state.feed_json(seq, raw)
-            except UnsupportedVersionError as exc:
-                feeding, journal_error = False, ("unsupported", short(exc, 200))
-            except (WaljError, ValueError) as exc:
-                feeding, journal_error = False, ("corrupt", short(f"journal: {exc}", 200))
+        done = rebuild(records)
+        for _ in records:  # after a refusal, or a plain log's first record: the scan goes on
+            pass
     except OSError as exc:
         reason = "permission denied" if isinstance(exc, PermissionError) else exc.strerror
         return _entry(path, "unreadable", detail=f"{exc.filename or path}: {reason}")
     finish = getattr(fs, "finish", None)
     if finish is not None:
         finish(log_scan)
+    rec, journal_error = _recovery(path, done)
+    blockers = [blocker_json(b) for b in rec.blockers]
     problems = log_scan.problems
-    try:
-        if feeding and not plain and state.records:
-            note_unrecorded(path, state.cuts)
-        rec = state.snapshot()
-    except (WaljError, OSError) as exc:  # a blocker's record is decoded only now; quarantine/
-        journal_error = journal_error or ("corrupt", short(f"journal: {exc}", 200))
-        rec = RecoveryState().snapshot()
-    blockers = [{"execution_id": b.execution_id, "tool": b.tool, "call_id": b.call_id,
-                 "state": b.state, "turn_sequence": b.turn_sequence} for b in rec.blockers]
-    detail = short(problems[0].describe(), 200) if problems else None
-    if any(p.kind == "unsupported_version" for p in problems):
-        status = "unsupported"
-    elif problems:
-        status = "corrupt"
-    elif journal_error is not None:
-        status, detail = journal_error
-    elif rec.blocked:
-        status = "blocked"
+    status, detail = _status(problems, journal_error, rec, done.plain)
+    if status == "blocked":
         detail = "; ".join(f"{b['tool'] or 'turn ' + str(b['turn_sequence'])} {b['state']}"
                            for b in blockers[:3])
-    else:
-        # An ended session with blockers stays "blocked" above: its blockers stay visible.
-        status = "ended" if rec.ended else "active"
-        detail = "a plain walj log, not a tool journal" if plain else None
     return _entry(path, status, records=log_scan.records, last_seq=log_scan.last_seq,
                   blocked=rec.blocked, ended=rec.ended, blockers=blockers,
                   problem_count=len(problems),
                   problems=[problem_json(p) for p in problems[:5]],
-                  torn_tail=log_scan.torn_tail is not None, plain=plain,
-                  last_record_at=_record_time(timed), detail=detail)
+                  torn_tail=log_scan.torn_tail is not None, plain=done.plain,
+                  last_record_at=_record_time(timed.raw), detail=detail)
+
+
+class _LastTimed:
+    """Remembers the last record that carries a time, as the records go by."""
+
+    def __init__(self) -> None:
+        self.raw: bytes | None = None
+
+    def watch(self, records: Iterable[tuple[int, bytes]]) -> Iterator[tuple[int, bytes]]:
+        for seq, raw in records:
+            if _TIME_FIELD in raw:
+                self.raw = raw
+            yield seq, raw
+
+
+def _recovery(path: str, done: Rebuild) -> tuple[Recovery, tuple[str, str] | None]:
+    """The recovery view of a rebuild, and what the journal refused as (status, detail)."""
+    refusal = done.refusal
+    journal_error = None
+    if isinstance(refusal, UnsupportedVersionError):
+        journal_error = ("unsupported", short(refusal, 200))
+    elif refusal is not None:
+        journal_error = ("corrupt", short(f"journal: {refusal}", 200))
+    try:
+        if refusal is None and not done.plain and done.state.records:
+            note_unrecorded(path, done.state.cuts)
+        return done.state.snapshot(), journal_error
+    except (WaljError, OSError) as exc:  # a blocker's record is decoded only now; quarantine/
+        return (RecoveryState().snapshot(),
+                journal_error or ("corrupt", short(f"journal: {exc}", 200)))
+
+
+def _status(problems: list[Any], journal_error: tuple[str, str] | None, rec: Recovery,
+            plain: bool) -> tuple[str, str | None]:
+    """A checked log's status, and the detail that says why (a blocked log's: its blockers)."""
+    detail = short(problems[0].describe(), 200) if problems else None
+    if any(p.kind == "unsupported_version" for p in problems):
+        return "unsupported", detail
+    if problems:
+        return "corrupt", detail
+    if journal_error is not None:
+        return journal_error
+    if rec.blocked:
+        return "blocked", None
+    # An ended session with blockers stays "blocked" above: its blockers stay visible.
+    return ("ended" if rec.ended else "active",
+            "a plain walj log, not a tool journal" if plain else None)
 
 
 def segment_count(path: str) -> tuple[int, float | None]:
@@ -206,7 +233,7 @@ def age_of(entry: dict[str, Any], now: float) -> float | None:
     records upkeep writes carry it forward); a plain log's, since its newest segment was
     modified. None when neither is known (an unreadable or archived plain log)."""
     at = entry.get("last_record_at")
-    if at is None and "://" not in entry["path"] and entry["status"] != "unreadable":
+    if at is None and not is_url(entry["path"]) and entry["status"] != "unreadable":
         try:
             at = segment_count(entry["path"])[1]
         except OSError:
@@ -302,27 +329,14 @@ def check_archived_logs(urls: list[str], jobs: int) -> list[dict[str, Any]]:
 
 
 def _relative(path: str, root: str) -> str:
-    if "://" in root:
+    if is_url(root):
         return path[len(root.rstrip("/")) + 1:] if path.startswith(root.rstrip("/")) else path
     return os.path.relpath(path, root)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     root: str = args.root
-    jobs = args.jobs if args.jobs is not None else min(8, os.cpu_count() or 1)
-    if jobs < 1:
-        raise CliError("--jobs must be at least 1")
-    if "://" in root:
-        logs, unreadable = archived_logs(root), list[dict[str, Any]]()
-    else:
-        logs, unreadable = find_logs(root)
-    if not logs and not unreadable:
-        raise CliError(f"{root} holds no walj log (no directory with seg-*.jsonl segments)")
-    if "://" in root:
-        results = check_archived_logs(logs, jobs) + unreadable
-    else:
-        results = run_checks(logs, jobs, _progress(len(logs))) + unreadable
-    results.sort(key=lambda e: e["path"])
+    results = _checked(root, _jobs(args))
     counts = {status: 0 for status in STATUSES}
     for entry in results:
         counts[entry["status"]] += 1
@@ -330,8 +344,38 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.json:
         emit_json({"schema": "walj.sweep/2", "root": root, "logs": len(results),
                    "counts": counts, "sessions": results})
-        return code
-    shown = results if args.all else [e for e in results if e["status"] not in FINE]
+    else:
+        write_lines(_sweep_text(root, results, counts, args.all))
+    return code
+
+
+def _jobs(args: argparse.Namespace) -> int:
+    """--jobs, or the CPU count (at most 8)."""
+    jobs: int = args.jobs if args.jobs is not None else min(8, os.cpu_count() or 1)
+    if jobs < 1:
+        raise CliError("--jobs must be at least 1")
+    return jobs
+
+
+def _checked(root: str, jobs: int) -> list[dict[str, Any]]:
+    """Every session under `root` (a directory, or an archive's URL) checked, in path order."""
+    if is_url(root):
+        logs, unreadable = archived_logs(root), list[dict[str, Any]]()
+    else:
+        logs, unreadable = find_logs(root)
+    if not logs and not unreadable:
+        raise CliError(f"{root} holds no walj log (no directory with seg-*.jsonl segments)")
+    if is_url(root):
+        results = check_archived_logs(logs, jobs) + unreadable
+    else:
+        results = run_checks(logs, jobs, _progress(len(logs))) + unreadable
+    results.sort(key=lambda e: e["path"])
+    return results
+
+
+def _sweep_text(root: str, results: list[dict[str, Any]], counts: dict[str, int],
+                every: bool) -> list[str]:
+    shown = results if every else [e for e in results if e["status"] not in FINE]
     summary = ", ".join(f"{counts[s]} {s}" for s in STATUSES if counts[s] or s in FINE)
     lines = [f"{root}: {plural(len(results), 'log')}: {summary}"]
     if shown:
@@ -342,8 +386,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                  short(e["detail"], 80)) for e in shown]
         lines += [""] + table(("LOG", "STATUS", "AGE", "RECORDS", "BLOCKERS", "PROBLEMS",
                                "DETAIL"), rows, right=(2, 3, 4, 5))
-    if code != EXIT_OK:
+    if any(e["status"] not in FINE for e in results):
         lines += ["", "Next: `walj inspect LOG` for a blocked log, `walj verify LOG` for a "
                   "corrupt one."]
-    write_lines(lines)
-    return code
+    return lines

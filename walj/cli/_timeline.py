@@ -9,9 +9,6 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..journal._decode import time_of, turn_number
-from ..journal._records import subject_of
-from ..journal._recovery import RecoveryState
 from ._common import (
     EXIT_OK,
     EXIT_PROBLEMS,
@@ -28,7 +25,8 @@ from ._common import (
     str_list,
     write_lines,
 )
-from ._inspect import feed, snapshot
+from ._inspect import journal_state, snapshot
+from ._model import RecoveryState, subject_of, time_of, turn_number
 
 
 def _t(data: dict[str, Any]) -> float | None:
@@ -214,10 +212,8 @@ def cmd_timeline(args: argparse.Namespace) -> int:
         raise CliError("--last must be at least 1")
     names = segment_names(path)
     log_scan, records = scan(path, names, desc="reading")
-    state = RecoveryState()
-    builder = Builder(state)
-    feed(path, log_scan, records, state, builder)
-    rec = snapshot(path, state)
+    builder = Builder(RecoveryState())
+    rec = snapshot(path, journal_state(path, log_scan, records, builder, builder.state))
     for b in rec.blockers:
         if b.execution_id is not None and b.execution_id in builder.executions:
             builder.executions[b.execution_id].blocker = True
@@ -236,42 +232,42 @@ def cmd_timeline(args: argparse.Namespace) -> int:
 
 def _render(path: str, turns: list[dict[str, Any]], blocked: bool, problems: int) -> list[str]:
     utf = (getattr(sys.stdout, "encoding", None) or "").lower().replace("-", "") == "utf8"
-    mid, end = ("├─", "└─") if utf else ("|-", "`-")
     rows: list[tuple[str, list[str]]] = []
     for turn in turns:
-        head = (f"turn {turn['turn_sequence']}" if turn["turn_sequence"] is not None
-                else "(no turn)")
-        marks = " ".join(m for m, on in (("INTERRUPTED-TURN BLOCKER", turn["blocker"]),)
-                         if on)
-        res = turn["resolution"]
-        settled = f"  resolved by {res['actor']}: {short(res['note'], 60)}" if res else ""
-        state = turn["state"].upper() if turn["state"] == "incomplete" else turn["state"]
-        rows.append(("", [f"{head}  {state}  {clock(turn['started_at'])}  "
-                          f"{duration(turn['duration_seconds'])}"
-                          f"{'  ' + marks if marks else ''}{settled}"]))
-        items = ([("x", e) for e in turn["executions"]] + [("b", b) for b in turn["blocked"]]
-                 + [("p", p) for p in turn["replayed"]] + [("r", r) for r in turn["refused"]]
-                 + [("l", c) for c in turn["llm_calls"]])
-        items.sort(key=lambda kv: int(kv[1]["seq"]))
-        for i, (kind, item) in enumerate(items):
-            glyph = end if i == len(items) - 1 else mid
-            rows.append((glyph, [printable(c) for c in _item_cells(kind, item)]))
+        rows.append(("", [_turn_head(turn)]))
+        rows += _item_rows(turn, ("├─", "└─") if utf else ("|-", "`-"))
     widths: list[int] = []
     for glyph, cells in rows:
         if glyph:
+            widths += [0] * (len(cells) - len(widths))
             for i, cell in enumerate(cells):
-                if i >= len(widths):
-                    widths.append(0)
                 widths[i] = max(widths[i], len(cell))
     lines = [f"{path}: {len(turns)} turn(s)" + ("  [BLOCKED]" if blocked else "")
              + (f"  [{problems} log problem(s): walj verify]" if problems else "")]
     for glyph, cells in rows:
-        if not glyph:
-            lines.append(cells[0])
-            continue
         padded = [c.ljust(widths[i]) for i, c in enumerate(cells)]
-        lines.append(f"  {glyph} " + "  ".join(padded).rstrip())
+        lines.append(f"  {glyph} " + "  ".join(padded).rstrip() if glyph else cells[0])
     return lines
+
+
+def _turn_head(turn: dict[str, Any]) -> str:
+    head = f"turn {turn['turn_sequence']}" if turn["turn_sequence"] is not None else "(no turn)"
+    marks = "  INTERRUPTED-TURN BLOCKER" if turn["blocker"] else ""
+    res = turn["resolution"]
+    settled = f"  resolved by {res['actor']}: {short(res['note'], 60)}" if res else ""
+    state = turn["state"].upper() if turn["state"] == "incomplete" else turn["state"]
+    return (f"{head}  {state}  {clock(turn['started_at'])}  "
+            f"{duration(turn['duration_seconds'])}{marks}{settled}")
+
+
+def _item_rows(turn: dict[str, Any], glyphs: tuple[str, str]) -> list[tuple[str, list[str]]]:
+    """A turn's items in log order, each a row of cells under its tree glyph."""
+    items = ([("x", e) for e in turn["executions"]] + [("b", b) for b in turn["blocked"]]
+             + [("p", p) for p in turn["replayed"]] + [("r", r) for r in turn["refused"]]
+             + [("l", c) for c in turn["llm_calls"]])
+    items.sort(key=lambda kv: int(kv[1]["seq"]))
+    return [(glyphs[i == len(items) - 1], [printable(c) for c in _item_cells(kind, item)])
+            for i, (kind, item) in enumerate(items)]
 
 
 def _item_cells(kind: str, item: dict[str, Any]) -> list[str]:

@@ -31,7 +31,7 @@ from ._common import (
     short,
     write_lines,
 )
-from ._records import kind_of
+from ._model import DEFAULT_WAIT, kind_of, known_ids, resolve_session, resolve_session_turn
 
 # --- resolve ---------------------------------------------------------------------------------
 
@@ -69,13 +69,6 @@ def _check_args(args: argparse.Namespace) -> None:
 
 def _ask(args: argparse.Namespace) -> Any:
     """Resolve directly, or through a request to the live writer; refusals as CliError."""
-    from ..journal._session_resolve import (
-        DEFAULT_WAIT,
-        known_ids,
-        resolve_session,
-        resolve_session_turn,
-    )
-
     path: str = args.path
     wait = 0.0 if args.no_wait else (DEFAULT_WAIT if args.wait is None else args.wait)
     try:

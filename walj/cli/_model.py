@@ -1,0 +1,127 @@
+"""The journal's side of what the commands show: the CLI's one door to the journal's record and
+state modules, and the one rebuild of a journal's state from a log's records."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import WaljError
+from ..journal._compact import end_idle as end_idle_journal
+from ..journal._damage import CutLedger, unrecorded
+from ..journal._decode import decode_record, time_of, turn_number
+from ..journal._records import Blocker, Recovery, record_kind, subject_of
+from ..journal._recovery import MAX_KEEP_TURNS, RecoveryState
+from ..journal._session_resolve import (
+    DEFAULT_WAIT,
+    known_ids,
+    resolve_session,
+    resolve_session_turn,
+)
+from ..log.quarantine import cut_lines, read_manifest
+
+__all__ = ["DEFAULT_WAIT", "MAX_KEEP_TURNS", "Blocker", "Rebuild", "Recovery", "RecoveryState",
+           "age", "blocker_json", "decode_record", "end_idle_journal", "in_flight", "kind_of",
+           "known_ids", "note_unrecorded", "rebuild", "resolve_session", "resolve_session_turn",
+           "subject_of", "time_of", "turn_number"]
+
+Records = Iterator[tuple[int, bytes]]
+
+
+def kind_of(raw: bytes) -> str:
+    """The journal kind (`kind`) of a record's JSON bytes; '-' for a record without one."""
+    kind = record_kind(raw)
+    if kind is not None:
+        return kind
+    try:
+        data = decode_record(raw)
+    except ValueError:
+        return "-"
+    value = data.get("kind") if isinstance(data, dict) else None
+    return value if isinstance(value, str) else "-"
+
+
+@dataclass
+class Rebuild:
+    """A journal's state rebuilt from a log's records, and where the rebuild stopped."""
+
+    state: RecoveryState = field(default_factory=RecoveryState)
+    plain: bool = False  # the first record has no journal kind: a plain log, nothing fed
+    seq: int = 0  # the last record taken (the refused one, if any); 0: the log holds none
+    refusal: Exception | None = None  # what the journal refused (WaljError or ValueError)
+
+
+def rebuild(records: Records, also: Callable[[int, Any], None] | None = None,
+            state: RecoveryState | None = None) -> Rebuild:
+    """Feed records in log order to the journal's own state (and each decoded record to
+    `also`, when given), up to the end or the first record the journal refuses. Stops after
+    the first record of a plain log; the records after a stop are left in `records`."""
+    done = Rebuild() if state is None else Rebuild(state)
+    first = next(records, None)
+    if first is None:
+        return done
+    seq = done.seq = first[0]
+    if kind_of(first[1]) == "-":
+        done.plain = True
+        return done
+    try:
+        if also is None:
+            feed_json = done.state.feed_json  # the hot loop: the journal's byte-level path
+            feed_json(*first)
+            for seq, raw in records:
+                feed_json(seq, raw)
+        else:
+            feed = done.state.feed
+            for seq, raw in itertools.chain((first,), records):
+                data = decode_record(raw)
+                feed(seq, data)
+                also(seq, data)
+    except (WaljError, ValueError) as exc:
+        done.refusal = exc
+    done.seq = seq
+    return done
+
+
+def note_unrecorded(path: str, ledger: CutLedger) -> None:
+    """Count the cuts in quarantine/ that no journal has recorded yet as the next open will
+    record them (a writer died between a cut and its record, or `walj repair` ran)."""
+    records = unrecorded(read_manifest(path), ledger, lambda entry: cut_lines(path, entry),
+                         time.time())
+    for record in records:
+        ledger.log_cut(0, record)
+
+
+def age(t: float | None, now: float) -> float | None:
+    return None if t is None else round(max(0.0, now - t), 3)
+
+
+def in_flight(blocker: Blocker, writer: dict[str, Any] | None) -> bool:
+    """Whether a `started` blocker's call may still be running rather than interrupted: only
+    when the open that wrote its started record is the one that holds the log now (its writer
+    id is the one in LOCK.owner, that process runs on this host, and the kernel's table of
+    locks, where there is one, shows it holding LOCK). Never for another writer's record (a
+    restarted process blocked by it holds the lock), nor for one written before records
+    carried a writer id."""
+    return (blocker.state == "started" and blocker.writer is not None and writer is not None
+            and writer.get("writer_id") == blocker.writer and writer.get("running") is True
+            and writer.get("holds_lock") is not False)
+
+
+def blocker_json(b: Blocker, now: float | None = None,
+                 writer: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A blocker as JSON: without `now`, only what names it (sweep's view); with it, all."""
+    named = {"execution_id": b.execution_id, "tool": b.tool, "call_id": b.call_id,
+             "state": b.state, "turn_sequence": b.turn_sequence}
+    if now is None:
+        return named
+    return {
+        **named, "arguments_sha256": b.arguments_sha256,
+        "arguments_preview": b.arguments_preview, "idempotency_key": b.idempotency_key,
+        "started_at": b.started_at, "age_seconds": age(b.started_at, now), "seq": b.seq,
+        "error_type": b.error_type, "reconcile_error": b.reconcile_error,
+        "arguments": b.arguments, "quarantine_file": b.quarantine_file,
+        "writer_id": b.writer, "in_flight": in_flight(b, writer),
+    }
