@@ -159,7 +159,7 @@ class Progress:
     def __init__(self, total: int, desc: str) -> None:
         self._bar: Any = None
         self._pending = 0
-        if not _progress_wanted():
+        if not progress_wanted():
             return
         try:
             from tqdm import tqdm  # type: ignore[import-untyped,unused-ignore]
@@ -181,7 +181,7 @@ class Progress:
             self._bar = None
 
 
-def _progress_wanted() -> bool:
+def progress_wanted() -> bool:
     try:
         return sys.stderr.isatty() and not os.environ.get("WALJ_NO_PROGRESS")
     except (AttributeError, ValueError):
@@ -195,7 +195,7 @@ def scan(path: str, names: Sequence[str], *, start_seq: int = 0, desc: str = "sc
     when one is shown. An archive view adds its own end check once the scan is done."""
     log_scan = LogScan(path, mode="salvage", start_seq=start_seq, fs=fs)
     finish = getattr(fs, "finish", None)
-    if not _progress_wanted() and finish is None:
+    if not progress_wanted() and finish is None:
         return log_scan, iter(log_scan)
 
     def records() -> Iterator[tuple[int, bytes]]:

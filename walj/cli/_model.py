@@ -1,5 +1,6 @@
 """The journal's side of what the commands show: the CLI's one door to the journal's record and
-state modules, and the one rebuild of a journal's state from a log's records."""
+state modules (every import of a private journal module is here), and the one rebuild of a
+journal's state from a log's records."""
 
 from __future__ import annotations
 
@@ -10,17 +11,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import WaljError
+from ..journal import Blocker, Recovery, resolve_session, resolve_session_turn
 from ..journal._compact import end_idle as end_idle_journal
 from ..journal._damage import CutLedger, unrecorded
 from ..journal._decode import decode_record, time_of, turn_number
-from ..journal._records import Blocker, Recovery, record_kind, subject_of
+from ..journal._records import record_kind, subject_of
 from ..journal._recovery import MAX_KEEP_TURNS, RecoveryState
-from ..journal._session_resolve import (
-    DEFAULT_WAIT,
-    known_ids,
-    resolve_session,
-    resolve_session_turn,
-)
+from ..journal._session_resolve import DEFAULT_WAIT, known_ids
 from ..log.quarantine import cut_lines, read_manifest
 
 __all__ = ["DEFAULT_WAIT", "MAX_KEEP_TURNS", "Blocker", "Rebuild", "Recovery", "RecoveryState",

@@ -39,7 +39,7 @@ from ._retire import (
     finish_tombstone,
     remove,
 )
-from ._sweep import _jobs, _progress, _relative, age_of, find_logs, run_checks, segment_count
+from ._sweep import age_of, find_logs, job_count, progress_over, relative, run_checks, segment_count
 
 ACTIONS = ("removed", "removed_idle", "compacted", "finished_removal", "would_remove",
            "would_remove_idle", "would_compact", "would_finish_removal", "kept_young",
@@ -210,14 +210,14 @@ def cmd_prune(args: argparse.Namespace) -> int:
     older_than = parse_age(args.older_than)
     if not 0 <= args.keep_turns <= MAX_KEEP_TURNS:
         raise CliError(f"--keep-turns must be from 0 to {MAX_KEEP_TURNS}")
-    jobs = _jobs(args)
+    jobs = job_count(args)
     if is_url(root):
         raise CliError("prune works on local sessions; an archive is only ever added to")
     if args.archive is not None and args.delete_unarchived:
         raise CliError("--archive and --delete-unarchived exclude each other")
     tombstones: list[str] = []
     logs, unreadable = find_logs(root, tombstones)
-    entries = run_checks(logs, jobs, _progress(len(logs), "checking")) + unreadable
+    entries = run_checks(logs, jobs, progress_over(len(logs), "checking")) + unreadable
     entries.sort(key=lambda e: e["path"])
     results: list[dict[str, Any]] = []
     interrupted = _prune_all(tombstones, entries, args, older_than, results)
@@ -252,7 +252,7 @@ def _prune_all(tombstones: list[str], entries: list[dict[str, Any]], args: argpa
             results.append(_finish(tombstone, args.dry_run))
             if results[-1]["action"] in GOING:
                 gone.add(os.path.normpath(tombstone))
-        for entry in _progress(len(entries), "pruning")(iter(_depth_first(entries))):
+        for entry in progress_over(len(entries), "pruning")(iter(_depth_first(entries))):
             results.append(decide(entry, args, older_than, now, frozenset(gone)))
             if results[-1]["action"] in GOING:
                 gone.add(os.path.normpath(entry["path"]))
@@ -279,7 +279,7 @@ def _text(root: str, args: argparse.Namespace, results: list[dict[str, Any]],
 def _session_table(root: str, shown: list[dict[str, Any]]) -> list[str]:
     if not shown:
         return []
-    rows = [(_relative(r["path"], root), r["action"], duration(r["age_seconds"]),
+    rows = [(relative(r["path"], root), r["action"], duration(r["age_seconds"]),
              short(r["detail"], 90) if r["detail"] else "") for r in shown]
     return [""] + table(("SESSION", "ACTION", "AGE", "DETAIL"), rows)
 

@@ -10,7 +10,7 @@ import re
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ..log import format as fmt
@@ -42,47 +42,32 @@ _RAW_UNSAFE = re.compile(rb"[\x00-\x1f\x7f]|\xc2[\x80-\x9f]"
                          rb"|\xe2\x80[\xaa-\xae]|\xe2\x81[\xa6-\xa9]")
 
 
-def _turn(data: dict[str, Any]) -> str:
-    turn = data.get("turn_sequence")
-    return "" if turn is None else f" turn {turn}"
+class _Fields(dict[str, Any]):
+    """A record's fields for a summary template: a missing one shows as None."""
+
+    def __missing__(self, key: str) -> None:
+        return None
 
 
-def _blocked(data: dict[str, Any]) -> str:
-    count = len(str_list(data.get("blocked_by"))) + len(int_list(data.get("blocked_by_turns")))
-    return (f"{data.get('tool')} {data.get('call_id')}{_turn(data)} blocked: the journal was "
-            f"blocked by {count} blocker(s)")
-
-
-def _resolved(data: dict[str, Any]) -> str:
-    return f"{data.get('outcome')} by {data.get('actor')}: {data.get('note')}"
-
-
-# A one-line description of each journal kind, for the table view.
-_SUMMARIES: dict[str, Callable[[dict[str, Any]], str]] = {
-    "turn_started": lambda d: _turn(d).strip(),
-    "turn_completed": lambda d: _turn(d).strip(),
-    "tool_execution_started": lambda d: (f"{d.get('tool')} {d.get('call_id')}{_turn(d)} args "
-                                         f"{d.get('arguments_preview')}"),
-    "tool_execution_finished": lambda d: (f"{d.get('outcome')}: "
-                                          f"{d.get('error') or d.get('output_preview')}"),
-    "tool_execution_ambiguous": lambda d: f"interrupted by {d.get('error_type')}",
-    "tool_execution_blocked": _blocked,
-    "tool_execution_replayed": lambda d: (f"{d.get('tool')} {d.get('call_id')}{_turn(d)} "
-                                          f"replayed {d.get('outcome')} from record "
-                                          f"{d.get('answered_from_seq')}"),
-    "tool_execution_refused": lambda d: (f"{d.get('tool')} {d.get('call_id')}{_turn(d)} "
-                                         f"refused: {d.get('refused_reason')}"),
-    "session_named": lambda d: f"session {d.get('session_id')}",
-    "tool_execution_resolved": _resolved,
-    "llm_call_resolved": _resolved,
-    "turn_resolved": lambda d: (f"turn {d.get('turn_sequence')} by {d.get('actor')}: "
-                                f"{d.get('note')}"),
-    "tool_execution_reconcile_failed": lambda d: (f"{d.get('tool')} reconcile failed: "
-                                                  f"{d.get('error')}"),
-    "llm_call_started": lambda d: (f"model {d.get('model')}{_turn(d)} request "
-                                   f"{d.get('request_preview')}"),
-    "llm_call_finished": lambda d: (f"{d.get('outcome')}: "
-                                    f"{d.get('error') or d.get('response_preview')}"),
+# A one-line description of each journal kind, for the table view: a template over the
+# record's fields, and _turn (" turn N"), _blockers, _failure (its error, else its preview).
+_SUMMARIES = {
+    "turn_started": "{_turn}", "turn_completed": "{_turn}",
+    "tool_execution_started": "{tool} {call_id}{_turn} args {arguments_preview}",
+    "tool_execution_finished": "{outcome}: {_failure}",
+    "tool_execution_ambiguous": "interrupted by {error_type}",
+    "tool_execution_blocked": "{tool} {call_id}{_turn} blocked: the journal was blocked by "
+                              "{_blockers} blocker(s)",
+    "tool_execution_replayed": "{tool} {call_id}{_turn} replayed {outcome} from record "
+                               "{answered_from_seq}",
+    "tool_execution_refused": "{tool} {call_id}{_turn} refused: {refused_reason}",
+    "session_named": "session {session_id}",
+    "tool_execution_resolved": "{outcome} by {actor}: {note}",
+    "llm_call_resolved": "{outcome} by {actor}: {note}",
+    "turn_resolved": "turn {turn_sequence} by {actor}: {note}",
+    "tool_execution_reconcile_failed": "{tool} reconcile failed: {error}",
+    "llm_call_started": "model {model}{_turn} request {request_preview}",
+    "llm_call_finished": "{outcome}: {_failure}",
 }
 
 
@@ -91,10 +76,16 @@ def summary(data: Any) -> str:
     if not isinstance(data, dict):
         return short(data, 100)
     kind = data.get("kind")
-    describe = _SUMMARIES.get(kind) if isinstance(kind, str) else None
-    if describe is not None:
-        return describe(data)
-    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    template = _SUMMARIES.get(kind) if isinstance(kind, str) else None
+    if template is None:
+        return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    turn = data.get("turn_sequence")
+    fields = _Fields(data, _turn="" if turn is None else f" turn {turn}",
+                     _blockers=len(str_list(data.get("blocked_by")))
+                     + len(int_list(data.get("blocked_by_turns"))),
+                     _failure=data.get("error") or data.get(
+                         "response_preview" if kind == "llm_call_finished" else "output_preview"))
+    return template.format_map(fields).strip()
 
 
 def _id(data: Any) -> str:

@@ -25,6 +25,7 @@ from ._common import (
     emit_json,
     plural,
     problem_json,
+    progress_wanted,
     short,
     table,
     write_lines,
@@ -141,8 +142,16 @@ def check_log(path: str, fs: FileSystem = DEFAULT_FS) -> dict[str, Any]:
     whatever goes wrong is the log's status. Runs in a worker process (or, for an archived
     session read through `fs`, a thread)."""
     log_scan = LogScan(path, mode="salvage", fs=fs)
-    timed = _LastTimed()
-    records = timed.watch(log_scan)
+    timed: bytes | None = None  # the last record that carries a time
+
+    def watch() -> Iterator[tuple[int, bytes]]:
+        nonlocal timed
+        for record in log_scan:
+            if _TIME_FIELD in record[1]:
+                timed = record[1]
+            yield record
+
+    records = watch()
     try:
         done = rebuild(records)
         for _ in records:  # after a refusal, or a plain log's first record: the scan goes on
@@ -165,20 +174,7 @@ def check_log(path: str, fs: FileSystem = DEFAULT_FS) -> dict[str, Any]:
                   problem_count=len(problems),
                   problems=[problem_json(p) for p in problems[:5]],
                   torn_tail=log_scan.torn_tail is not None, plain=done.plain,
-                  last_record_at=_record_time(timed.raw), detail=detail)
-
-
-class _LastTimed:
-    """Remembers the last record that carries a time, as the records go by."""
-
-    def __init__(self) -> None:
-        self.raw: bytes | None = None
-
-    def watch(self, records: Iterable[tuple[int, bytes]]) -> Iterator[tuple[int, bytes]]:
-        for seq, raw in records:
-            if _TIME_FIELD in raw:
-                self.raw = raw
-            yield seq, raw
+                  last_record_at=_record_time(timed), detail=detail)
 
 
 def _recovery(path: str, done: Rebuild) -> tuple[Recovery, tuple[str, str] | None]:
@@ -272,16 +268,16 @@ def run_checks(logs: list[str], jobs: int,
         return list(progress(executor.map(check_log, logs, chunksize=chunk)))
 
 
-def _progress(total: int, desc: str = "sweeping"
+def progress_over(total: int, desc: str = "sweeping"
               ) -> Callable[[Iterable[dict[str, Any]]], Iterator[dict[str, Any]]]:
     def passthrough(items: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         yield from items
 
+    if not progress_wanted():
+        return passthrough
     try:
-        if not sys.stderr.isatty() or os.environ.get("WALJ_NO_PROGRESS"):
-            return passthrough
         from tqdm import tqdm  # type: ignore[import-untyped,unused-ignore]
-    except (ImportError, AttributeError, ValueError):
+    except ImportError:
         return passthrough
 
     def bar(items: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
@@ -328,7 +324,7 @@ def check_archived_logs(urls: list[str], jobs: int) -> list[dict[str, Any]]:
         return list(pool.map(check_archived, urls))
 
 
-def _relative(path: str, root: str) -> str:
+def relative(path: str, root: str) -> str:
     if is_url(root):
         return path[len(root.rstrip("/")) + 1:] if path.startswith(root.rstrip("/")) else path
     return os.path.relpath(path, root)
@@ -336,7 +332,7 @@ def _relative(path: str, root: str) -> str:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     root: str = args.root
-    results = _checked(root, _jobs(args))
+    results = _checked(root, job_count(args))
     counts = {status: 0 for status in STATUSES}
     for entry in results:
         counts[entry["status"]] += 1
@@ -349,7 +345,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return code
 
 
-def _jobs(args: argparse.Namespace) -> int:
+def job_count(args: argparse.Namespace) -> int:
     """--jobs, or the CPU count (at most 8)."""
     jobs: int = args.jobs if args.jobs is not None else min(8, os.cpu_count() or 1)
     if jobs < 1:
@@ -368,7 +364,7 @@ def _checked(root: str, jobs: int) -> list[dict[str, Any]]:
     if is_url(root):
         results = check_archived_logs(logs, jobs) + unreadable
     else:
-        results = run_checks(logs, jobs, _progress(len(logs))) + unreadable
+        results = run_checks(logs, jobs, progress_over(len(logs))) + unreadable
     results.sort(key=lambda e: e["path"])
     return results
 
@@ -380,7 +376,7 @@ def _sweep_text(root: str, results: list[dict[str, Any]], counts: dict[str, int]
     lines = [f"{root}: {plural(len(results), 'log')}: {summary}"]
     if shown:
         now = time.time()
-        rows = [(_relative(e["path"], root), e["status"].upper()
+        rows = [(relative(e["path"], root), e["status"].upper()
                  if e["status"] not in FINE else e["status"], duration(age_of(e, now)),
                  e["records"], len(e["blockers"]), e["problem_count"],
                  short(e["detail"], 80)) for e in shown]
