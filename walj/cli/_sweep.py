@@ -165,10 +165,7 @@ def check_log(path: str, fs: FileSystem = DEFAULT_FS) -> dict[str, Any]:
     rec, journal_error = _recovery(path, done)
     blockers = [blocker_json(b) for b in rec.blockers]
     problems = log_scan.problems
-    status, detail = _status(problems, journal_error, rec, done.plain)
-    if status == "blocked":
-        detail = "; ".join(f"{b['tool'] or 'turn ' + str(b['turn_sequence'])} {b['state']}"
-                           for b in blockers[:3])
+    status, detail = _status(problems, journal_error, rec, blockers, done.plain)
     return _entry(path, status, records=log_scan.records, last_seq=log_scan.last_seq,
                   blocked=rec.blocked, ended=rec.ended, blockers=blockers,
                   problem_count=len(problems),
@@ -195,7 +192,7 @@ def _recovery(path: str, done: Rebuild) -> tuple[Recovery, tuple[str, str] | Non
 
 
 def _status(problems: list[Any], journal_error: tuple[str, str] | None, rec: Recovery,
-            plain: bool) -> tuple[str, str | None]:
+            blockers: list[dict[str, Any]], plain: bool) -> tuple[str, str | None]:
     """A checked log's status, and the detail that says why (a blocked log's: its blockers)."""
     detail = short(problems[0].describe(), 200) if problems else None
     if any(p.kind == "unsupported_version" for p in problems):
@@ -205,7 +202,8 @@ def _status(problems: list[Any], journal_error: tuple[str, str] | None, rec: Rec
     if journal_error is not None:
         return journal_error
     if rec.blocked:
-        return "blocked", None
+        return "blocked", "; ".join(f"{b['tool'] or 'turn ' + str(b['turn_sequence'])} "
+                                    f"{b['state']}" for b in blockers[:3])
     # An ended session with blockers stays "blocked" above: its blockers stay visible.
     return ("ended" if rec.ended else "active",
             "a plain walj log, not a tool journal" if plain else None)
