@@ -129,10 +129,39 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(report)
         return code
-    write_lines([*_state_lines(path, report, log_scan, rec, now),
-                 *_blocker_lines(rec.blockers, now), *_turn_lines(rec, now),
-                 *_call_lines(rec, now), *_resolution_lines(rec), *_next_lines(path, rec)])
+    write_lines(_inspect_lines(path, report, log_scan, rec, now))
     return code
+
+
+def _inspect_lines(path: str, report: dict[str, Any], log_scan: LogScan, rec: Recovery,
+                   now: float) -> list[str]:
+    blocking = {b.turn_sequence for b in rec.blockers if b.state == "interrupted_turn"}
+    turns = [(t.turn_sequence, clock(t.started_at), duration(age(t.started_at, now)),
+              "yes" if t.tool_bearing else "no",
+              _turn_effect(t.turn_sequence, t.tool_bearing, blocking))
+             for t in rec.incomplete_turns]
+    calls = [(c.llm_call_id, c.model, c.turn_sequence, clock(c.started_at),
+              duration(age(c.started_at, now)), short(c.request_preview, 50))
+             for c in rec.pending_llm_calls]
+    resolved = [(r.execution_id or f"turn {r.turn_sequence}", r.tool, r.outcome, r.actor,
+                 clock(r.at), short(r.note, 60)) for r in rec.resolved]
+    return [*_state_lines(path, report, log_scan, rec, now),
+            *_blocker_lines(rec.blockers, now),
+            *_section("Incomplete turns", ("TURN", "STARTED (UTC)", "AGE", "USED TOOLS",
+                                           "EFFECT"), turns, right=(0,)),
+            *_section("Pending LLM calls", ("LLM CALL", "MODEL", "TURN", "STARTED (UTC)",
+                                            "AGE", "REQUEST"), calls, right=(2,)),
+            *_section("Resolutions", ("RESOLVED", "TOOL", "OUTCOME", "ACTOR", "AT (UTC)",
+                                      "NOTE"), resolved),
+            *_next_lines(path, rec)]
+
+
+def _section(title: str, headers: tuple[str, ...], rows: list[tuple[Any, ...]],
+             right: tuple[int, ...] = ()) -> list[str]:
+    """A titled table, or the title saying there is none."""
+    if not rows:
+        return ["", f"{title}: none"]
+    return ["", title, *table(headers, rows, right=right)]
 
 
 def _state_lines(path: str, report: dict[str, Any], log_scan: LogScan, rec: Recovery,
@@ -197,39 +226,6 @@ def _blocker_details(b: Blocker) -> list[str]:
         lines.append(f"      interrupted  by {b.error_type}")
     if b.reconcile_error:
         lines.append(f"      reconcile    failed: {short(b.reconcile_error, 160)}")
-    return lines
-
-
-def _turn_lines(rec: Recovery, now: float) -> list[str]:
-    lines = ["", "Incomplete turns" + ("" if rec.incomplete_turns else ": none")]
-    if rec.incomplete_turns:
-        blocking = {b.turn_sequence for b in rec.blockers if b.state == "interrupted_turn"}
-        rows = [(t.turn_sequence, clock(t.started_at), duration(age(t.started_at, now)),
-                 "yes" if t.tool_bearing else "no",
-                 _turn_effect(t.turn_sequence, t.tool_bearing, blocking))
-                for t in rec.incomplete_turns]
-        lines += table(("TURN", "STARTED (UTC)", "AGE", "USED TOOLS", "EFFECT"), rows,
-                       right=(0,))
-    return lines
-
-
-def _call_lines(rec: Recovery, now: float) -> list[str]:
-    lines = ["", "Pending LLM calls" + ("" if rec.pending_llm_calls else ": none")]
-    if rec.pending_llm_calls:
-        rows = [(c.llm_call_id, c.model, c.turn_sequence, clock(c.started_at),
-                 duration(age(c.started_at, now)), short(c.request_preview, 50))
-                for c in rec.pending_llm_calls]
-        lines += table(("LLM CALL", "MODEL", "TURN", "STARTED (UTC)", "AGE", "REQUEST"), rows,
-                       right=(2,))
-    return lines
-
-
-def _resolution_lines(rec: Recovery) -> list[str]:
-    lines = ["", "Resolutions" + ("" if rec.resolved else ": none")]
-    if rec.resolved:
-        rows = [(r.execution_id or f"turn {r.turn_sequence}", r.tool, r.outcome, r.actor,
-                 clock(r.at), short(r.note, 60)) for r in rec.resolved]
-        lines += table(("RESOLVED", "TOOL", "OUTCOME", "ACTOR", "AT (UTC)", "NOTE"), rows)
     return lines
 
 
