@@ -112,7 +112,7 @@ class Printer:
     def write(self, records: Iterable[tuple[int, bytes]]) -> None:
         out = sys.stdout
         for seq, raw in records:
-            if self.kinds is not None and kind_of(raw) not in self.kinds:
+            if not self.wanted(raw):
                 continue
             self.count += 1
             try:
