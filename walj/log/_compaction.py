@@ -22,8 +22,6 @@ class Compaction:
     the marker is durable before any unlink). `drop_lock` is held for a whole drop: closing
     waits for it, and it is reentrant, since a signal handler may close."""
 
-    __slots__ = ("_state", "_fs", "_dir", "_ready", "first_seq", "drop_lock")
-
     def __init__(self, state: WriterState, ready: Callable[[], None]) -> None:
         self._state = state
         self._fs, self._dir = state.fs, state.dir
@@ -34,7 +32,8 @@ class Compaction:
     def segments(self) -> list[tuple[str, int]]:
         """The segment files from the base on, oldest first, each with its first seq."""
         listed, _ = list_segments(self._fs, self._dir)
-        lowest = self._base_index()
+        begin = find_start(self._fs, self._dir, listed)
+        lowest = begin.base.index if begin.base is not None else 0
         found: list[tuple[str, int]] = []
         for index, name in listed:
             if index < lowest:
@@ -44,11 +43,6 @@ class Compaction:
                 break
             found.append((name, header.first_seq))
         return found
-
-    def _base_index(self) -> int:
-        listed, _ = list_segments(self._fs, self._dir)
-        begin = find_start(self._fs, self._dir, listed)
-        return begin.base.index if begin.base is not None else 0
 
     def drop_before(self, seq: int) -> int:
         """Delete every sealed segment whose records all come before `seq` (see Log)."""

@@ -28,9 +28,7 @@ def io_failure(directory: str, exc: OSError, doing: str) -> PoisonedError:
 
 class WriterLock(Protocol):
     """What the state asks of the writer's lock (lock.WriterLock, which imports this module)."""
-
     def still_held(self) -> str | None: ...
-
     def release(self, *, unlock: bool = True) -> None: ...
 
 
@@ -53,30 +51,28 @@ class WriterState:
         self.syncing = False  # a group sync is under way
         self.writer_lock: WriterLock | None = None
         self.log_id = ""
-        self.fd = -1
-        self.index = 0
-        self.offset = 0
-        self.records = 0  # in the active segment
+        self.fd, self.index, self.offset, self.records = -1, 0, 0, 0  # the active segment's
         self.digest: Any = hashlib.sha256()
         self.digest_update: Any = self.digest.update
         self.sealed: tuple[int, int, str] | None = None  # (index, last seq, sha256) mid-rotation
-        self.next_seq = 1
-        self.durable_seq = 0
+        self.next_seq, self.durable_seq = 1, 0
         self.poisoned: BaseException | None = None
-        self.forked = False
-        self.closed = False
+        self.forked = self.closed = False
         self.unusable = read_only
 
-    def set_digest(self, digest: Any) -> None:
-        self.digest, self.digest_update = digest, digest.update
-
-    def file_size(self) -> int | None:
-        """The active segment's size, or None (poisoned) when it cannot be read."""
+    def landed(self, offset: int, length: int, what: str) -> bool:
+        """After an interrupt in `what`, a write of `length` bytes at `offset` to the active
+        segment: the file says whether they landed. True when all of them did; poisoned when
+        only part of them did (for a reopen to cut the torn line), or the file cannot tell."""
         try:
-            return self.fs.fstat_size(self.fd)
+            size = self.fs.fstat_size(self.fd)
         except OSError as exc:
             self.poison(exc)
-            return None
+            return False
+        if size not in (offset, offset + length):
+            self.poison_interrupted(f"{what} was interrupted after {size - offset} of {length} "
+                                    "bytes")
+        return size == offset + length
 
     def check_lock(self) -> None:
         """With the lock held, before anything is written to the directory (a record, a seal,

@@ -171,9 +171,7 @@ class Log:
                     commit.wake_gatherer()
 
     def _append_one(self, record: dict[str, Any], durable: bool) -> int:
-        data = encode_record(record)
-        if len(data) > self._max_record:
-            raise self._too_large(data)
+        data = self._encode(record)
         st = self._state
         with st.lock:
             if st.unusable:
@@ -222,12 +220,9 @@ class Log:
     def _encode(self, record: dict[str, Any]) -> bytes:
         data = encode_record(record)
         if len(data) > self._max_record:
-            raise self._too_large(data)
+            raise RecordTooLargeError(
+                f"record is {len(data)} bytes; max_record_bytes is {self._max_record}")
         return data
-
-    def _too_large(self, data: bytes) -> RecordTooLargeError:
-        return RecordTooLargeError(
-            f"record is {len(data)} bytes; max_record_bytes is {self._max_record}")
 
     def _write(self, data: bytes, first_seq: int, count: int) -> None:
         """With the lock held: one write of `count` framed records from `first_seq`, then
@@ -261,20 +256,15 @@ class Log:
         the interrupt may have come before or after the running hash took them. None: nothing
         changed. Part of them: poison, for a reopen to cut the torn line."""
         st = self._state
-        size = st.file_size()
-        if size is None or size == offset:
-            return
-        if size != offset + len(data):
-            st.poison_interrupted(f"a write was interrupted after {size - offset} of "
-                                  f"{len(data)} bytes")
+        if not st.landed(offset, len(data), "a write"):
             return
         try:
-            digest = self._rotation.rehash(size)
+            digest = self._rotation.rehash(offset + len(data))
         except OSError as exc:
             st.poison(exc)
             return
         st.digest, st.digest_update = digest, digest.update
-        st.offset = size
+        st.offset = offset + len(data)
         st.records = records + count
         st.next_seq = first_seq + count
 

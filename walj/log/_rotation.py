@@ -21,8 +21,6 @@ class Rotation:
     """Moves a WriterState from one segment to the next. Every method but `resume` is called
     with the state's lock held."""
 
-    __slots__ = ("_state", "_max_record", "_segment_bytes")
-
     def __init__(self, state: WriterState, max_record: int, segment_bytes: int) -> None:
         self._state = state
         self._max_record = max_record
@@ -40,7 +38,7 @@ class Rotation:
             st.index = last.header.index
             st.next_seq = (last.last_seq or last.header.first_seq - 1) + 1
             st.records = last.records
-            st.set_digest(last.digest)
+            st.digest, st.digest_update = last.digest, last.digest.update
             st.offset = last.valid_end
             st.fd = st.fs.open_append(last.path)
             if last.header.max_record_bytes < self._max_record:
@@ -146,11 +144,8 @@ class Rotation:
         except OSError as exc:
             raise st.poison(exc) from exc
         except BaseException:
-            size = st.file_size()
-            if size == offset + len(line):
+            if st.landed(offset, len(line), "a seal"):
                 st.sealed = sealed; st.unusable = True  # noqa: E702
-            elif size is not None and size != offset:
-                st.poison_interrupted("a seal was interrupted half written")
             raise
 
     def finish(self) -> None:
