@@ -43,9 +43,7 @@ class WriterState:
                  "next_seq", "durable_seq", "poisoned", "forked", "closed", "unusable")
 
     def __init__(self, directory: str, fs: FileSystem, read_only: bool) -> None:
-        self.dir = directory
-        self.fs = fs
-        self.read_only = read_only
+        self.dir, self.fs, self.read_only = directory, fs, read_only
         self.lock = threading.Lock()
         self.cond = threading.Condition(self.lock)  # rotation and close wait out a sync
         self.syncing = False  # a group sync is under way

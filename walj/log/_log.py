@@ -42,10 +42,9 @@ if hasattr(os, "register_at_fork"):
 class Log:
     """An open write-ahead log. Use `Log.open`; a `Log` is a context manager.
 
-    It writes records itself and composes the rest, each part holding the shared WriterState
-    (_state.py) and nothing of the Log: Commit (_durability.py: when a record is durable),
-    Rotation (_rotation.py: the active segment, sealing it, starting the next) and Compaction
-    (_compaction.py: where the log begins, drop_before).
+    It writes records itself and composes its parts, each holding the WriterState they share
+    and nothing of the Log: Commit (when a record is durable), Rotation (the active segment)
+    and Compaction (where the log begins).
 
     Interrupt safety: an exception (KeyboardInterrupt, SystemExit) landing anywhere inside a
     call leaves the handle either usable, with exactly the records the file holds counted, or
@@ -76,20 +75,11 @@ class Log:
     # --- opening -------------------------------------------------------------------------------
 
     @classmethod
-    def open(
-        cls,
-        path: str | os.PathLike[str],
-        *,
-        sync: str = "always",
-        segment_bytes: int = 64 * 2**20,
-        max_record_bytes: int = 2**20,
-        recovery: str = "tolerate_tail",
-        lock_timeout: float = 0.0,
-        sync_interval_ms: float = 100,
-        _fs: FileSystem | None = None,
-        _replay: Replay | None = None,
-        _replay_start: ReplayStart | None = None,
-    ) -> Log:
+    def open(cls, path: str | os.PathLike[str], *, sync: str = "always",
+             segment_bytes: int = 64 * 2**20, max_record_bytes: int = 2**20,
+             recovery: str = "tolerate_tail", lock_timeout: float = 0.0,
+             sync_interval_ms: float = 100, _fs: FileSystem | None = None,
+             _replay: Replay | None = None, _replay_start: ReplayStart | None = None) -> Log:
         """Open (creating if needed) the log in directory `path`; see docs/FORMAT.md."""
         check_options(sync, segment_bytes, max_record_bytes, recovery, lock_timeout,
                       sync_interval_ms)
