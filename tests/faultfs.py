@@ -398,6 +398,7 @@ def abandon(log: object) -> None:
     stop = getattr(log, "_stop", None)
     if stop is not None:
         stop.set()  # a dead process has no interval-sync thread either
-    log._fd = -1  # type: ignore[attr-defined]
-    log._closed = True  # type: ignore[attr-defined]
-    log._release()  # type: ignore[attr-defined]
+    state = log._state  # type: ignore[attr-defined]
+    state.fd = -1
+    state.closed = True
+    state.release()

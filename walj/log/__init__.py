@@ -20,11 +20,12 @@ format (the line format: framing, XXH64 checksums, header, seal, segment names; 
 of docs/FORMAT.md), fs (the I/O seam, an interface the archive implements for its read-only
 view), segment (reading one segment file), scan (reading a whole directory: order, seal chain,
 torn tail or damage), lock (one writer per directory), quarantine (cut bytes and their
-manifest). Private: _xxh64 (pure-Python XXH64), _durability (sync modes, group commit,
-poisoning), _rotation (creating and sealing segments), _opening (options and tail recovery),
-_log (the writer), _read (reader and verifier), _base (the BASE marker of a compacted log),
-_compaction (Log.drop_before), _syncers (the interval syncers), _requests (request files in
-`requests/`: asks another process leaves for the live writer).
+manifest). Private: _xxh64 (pure-Python XXH64), _log (the writer: a plain class composing the
+three parts after it), _durability (the writer's shared state, poisoning, sync modes and group
+commit), _rotation (the active segment: creating, sealing, switching), _compaction (where the
+log begins: Log.drop_before), _opening (options and tail recovery), _read (reader and
+verifier), _base (the BASE marker of a compacted log), _syncers (the interval syncers),
+_requests (request files in `requests/`: asks another process leaves for the live writer).
 """
 
 from __future__ import annotations

@@ -4,37 +4,36 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 
 from ..errors import CorruptionError
 from ._base import Base, find_start, write_base
-from ._durability import Durability
+from ._durability import WriterState
 from .scan import corruption, list_segments
 from .segment import Problem, read_ends, read_header
 
 
-class Compaction(Durability):
-    """The drop half of a Log. Order on disk, so that a crash anywhere leaves a log that opens
-    with every record not meant to go: (1) BASE written to BASE.tmp, synced, renamed over BASE,
-    directory synced; (2) the dropped segments unlinked, oldest first; (3) directory synced.
-    Segments below the base are never read; the next drop removes what an interrupted one
-    left (after syncing the directory once more, so the marker is durable before any unlink)."""
+class Compaction:
+    """Where a log begins (`first_seq`) and dropping what comes before. Order on disk, so that a
+    crash anywhere leaves a log that opens with every record not meant to go: (1) BASE written
+    to BASE.tmp, synced, renamed over BASE, directory synced; (2) the dropped segments
+    unlinked, oldest first; (3) directory synced. Segments below the base are never read; the
+    next drop removes what an interrupted one left (after syncing the directory once more, so
+    the marker is durable before any unlink). `drop_lock` is held for a whole drop: closing
+    waits for it, and it is reentrant, since a signal handler may close."""
 
-    _index: int
-    _log_id: str
-    _drop_lock: threading.RLock
-    _first_seq: int
-
-    @property
-    def first_seq(self) -> int:
-        """The seq the log now begins at: 1, or, once `drop_before` dropped segments, the
-        first seq of the first kept segment (its base)."""
-        return self._first_seq
+    def __init__(self, state: WriterState, ready: Callable[[], None]) -> None:
+        self._state = state
+        self._fs, self._dir = state.fs, state.dir
+        self._ready = ready  # with the lock held: raise unless the handle may write now
+        self.first_seq = 1
+        self.drop_lock = threading.RLock()
 
     def segments(self) -> list[tuple[str, int]]:
-        """The log's segment files from its base on, oldest first, each with its first seq
-        (from its header; a segment whose header does not verify ends the list)."""
+        """The segment files from the base on, oldest first, each with its first seq."""
         listed, _ = list_segments(self._fs, self._dir)
-        lowest = self._base_index()
+        begin = find_start(self._fs, self._dir, listed)
+        lowest = begin.base.index if begin.base is not None else 0
         found: list[tuple[str, int]] = []
         for index, name in listed:
             if index < lowest:
@@ -45,39 +44,26 @@ class Compaction(Durability):
             found.append((name, header.first_seq))
         return found
 
-    def _base_index(self) -> int:
-        listed, _ = list_segments(self._fs, self._dir)
-        begin = find_start(self._fs, self._dir, listed)
-        return begin.base.index if begin.base is not None else 0
-
     def drop_before(self, seq: int) -> int:
-        """Delete every sealed segment whose records all come before `seq`, and return how
-        many segment files this call removed (leftovers of an interrupted drop included).
-
-        The active segment is never dropped, so records from the active segment's first seq
-        on always stay; `seq` inside a segment keeps that whole segment. `seq` may be at most
-        `last_seq + 1`. Readers then start at the first kept segment (see docs/FORMAT.md,
-        *Compaction*). Raises TypeError or ValueError for a bad `seq`, ClosedError or
-        PoisonedError as an append would, CorruptionError (nothing deleted) when the segments
-        to drop do not chain to the ones kept; an I/O failure poisons the handle.
-        """
+        """Delete every sealed segment whose records all come before `seq` (see Log)."""
         if type(seq) is not int:
             raise TypeError(f"seq must be an int, not {type(seq).__name__}")
         if seq < 1:
             raise ValueError(f"seq must be >= 1, not {seq}")
-        with self._drop_lock:
-            with self._lock:
+        st = self._state
+        with self.drop_lock:
+            with st.lock:
                 self._ready()
-                self._check_lock()
-                if seq > self._next_seq:
+                st.check_lock()
+                if seq > st.next_seq:
                     raise ValueError(f"seq {seq} is beyond the log's end (last seq "
-                                     f"{self._next_seq - 1})")
-                active = self._index
+                                     f"{st.next_seq - 1})")
+                active = st.index
             try:
                 return self._drop(seq, active)
             except OSError as exc:
-                with self._lock:
-                    raise self._poison(exc) from exc
+                with st.lock:
+                    raise st.poison(exc) from exc
 
     def _drop(self, seq: int, active: int) -> int:
         # Segments below `active` are sealed and their seals synced (rotation syncs the seal
@@ -107,7 +93,7 @@ class Compaction(Durability):
             return removed
         base = self._new_base(target[1], kept[target[0] - first - 1][1])
         write_base(self._fs, self._dir, base)
-        self._first_seq = base.first_seq
+        self.first_seq = base.first_seq
         return removed + self._remove([name for _, name in kept[:target[0] - first]],
                                       sync_first=False)
 
@@ -116,7 +102,7 @@ class Compaction(Durability):
         be the one whose seal `name`'s header carries: never drop what does not chain."""
         header = read_header(self._fs, self._dir, name)
         _, seal = read_ends(self._fs, self._dir, below)
-        if header is None or header.log_id != self._log_id:
+        if header is None or header.log_id != self._state.log_id:
             raise corruption(Problem(name, 0, None, "foreign_segment",
                                      "the first kept segment is not this log's"))
         if seal is None or seal.sha256 != header.prev_seal or \
@@ -136,7 +122,7 @@ class Compaction(Durability):
         removed = 0
         for name in names:
             header = read_header(self._fs, self._dir, name)
-            if header is not None and header.log_id != self._log_id:
+            if header is not None and header.log_id != self._state.log_id:
                 raise CorruptionError(f"{name}, below the base, belongs to log "
                                       f"{header.log_id}: not removed", file=name, offset=0,
                                       kind="foreign_segment")

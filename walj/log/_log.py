@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import threading
 import warnings
@@ -14,7 +13,7 @@ from typing import Any
 
 from ..errors import PoisonedError, RecordTooLargeError
 from ._compaction import Compaction
-from ._durability import io_failure
+from ._durability import Commit, WriterState, io_failure
 from ._opening import Replay, ReplayStart, check_options, prepare_directory, recover
 from ._rotation import Rotation
 from ._syncers import Syncer, start_syncer
@@ -22,7 +21,7 @@ from .format import encode_record, frame_record
 from .fs import DEFAULT_FS, FileSystem, write_all
 from .lock import WriterLock, forget_open_directories
 from .quarantine import CutLine, Quarantined, cut_lines, read_manifest
-from .segment import Problem, SegmentScan
+from .segment import Problem
 
 _open_logs: weakref.WeakSet[Log] = weakref.WeakSet()
 
@@ -31,8 +30,8 @@ def _after_fork_in_child() -> None:
     # The child shares the parent's file descriptors and lock: two writers would both
     # acknowledge the same seqs. Every log open in the parent refuses work in the child.
     for log in list(_open_logs):
-        log._forked = True
-        log._unusable = True
+        log._state.forked = True
+        log._state.unusable = True
     forget_open_directories()
 
 
@@ -40,8 +39,12 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-class Log(Compaction, Rotation):
+class Log:
     """An open write-ahead log. Use `Log.open`; a `Log` is a context manager.
+
+    It writes records itself and composes its parts, each holding the WriterState they share
+    and nothing of the Log: Commit (when a record is durable), Rotation (the active segment)
+    and Compaction (where the log begins).
 
     Interrupt safety: an exception (KeyboardInterrupt, SystemExit) landing anywhere inside a
     call leaves the handle either usable, with exactly the records the file holds counted, or
@@ -51,33 +54,18 @@ class Log(Compaction, Rotation):
 
     def __init__(self, directory: str, fs: FileSystem, sync: str, segment_bytes: int,
                  max_record_bytes: int, read_only: bool) -> None:
-        self._dir = directory
-        self._fs = fs
+        self._state = state = WriterState(directory, fs, read_only)
+        self._commit = Commit(state)
+        self._rotation = Rotation(state, max_record_bytes, segment_bytes)
+        self._compaction = Compaction(state, self._rotation.ready)
         self._os_write = fs.write
         self._mode = sync
         self._always = sync == "always"
         self._batch = sync == "batch"
         self._segment_bytes = segment_bytes
         self._max_record = max_record_bytes
-        self._read_only = read_only
-        self._init_durability()
-        self._unusable = read_only
-        self._writer_lock: WriterLock | None = None
         self._writer_id: str | None = None
-        self._fd = -1
-        self._index = 0
-        self._offset = 0
-        self._hash = hashlib.sha256()
-        self._hash_update = self._hash.update
-        self._segment_records = 0
-        self._next_seq = 1
-        self._sealed: tuple[int, int, str] | None = None  # (index, last seq, sha256) mid-rotation
-        self._close_failure: PoisonedError | None = None  # for close() to raise, once
-        self._closed = False
-        self._log_id = ""
         self._stop = threading.Event()
-        self._drop_lock = threading.RLock()  # reentrant: a signal handler may close
-        self._first_seq = 1
         self._syncer: Syncer | None = None
         # Set while the log holds its descriptor and lock (see _close_abandoned).
         self._finalizer: weakref.finalize[[dict[str, Any], str], Log] | None = None
@@ -87,20 +75,11 @@ class Log(Compaction, Rotation):
     # --- opening -------------------------------------------------------------------------------
 
     @classmethod
-    def open(
-        cls,
-        path: str | os.PathLike[str],
-        *,
-        sync: str = "always",
-        segment_bytes: int = 64 * 2**20,
-        max_record_bytes: int = 2**20,
-        recovery: str = "tolerate_tail",
-        lock_timeout: float = 0.0,
-        sync_interval_ms: float = 100,
-        _fs: FileSystem | None = None,
-        _replay: Replay | None = None,
-        _replay_start: ReplayStart | None = None,
-    ) -> Log:
+    def open(cls, path: str | os.PathLike[str], *, sync: str = "always",
+             segment_bytes: int = 64 * 2**20, max_record_bytes: int = 2**20,
+             recovery: str = "tolerate_tail", lock_timeout: float = 0.0,
+             sync_interval_ms: float = 100, _fs: FileSystem | None = None,
+             _replay: Replay | None = None, _replay_start: ReplayStart | None = None) -> Log:
         """Open (creating if needed) the log in directory `path`; see docs/FORMAT.md."""
         check_options(sync, segment_bytes, max_record_bytes, recovery, lock_timeout,
                       sync_interval_ms)
@@ -111,8 +90,8 @@ class Log(Compaction, Rotation):
         try:
             prepare_directory(fs, directory, create=not read_only)
             if not read_only:
-                log._writer_lock = WriterLock(fs, directory, lock_timeout)
-                log._writer_id = log._writer_lock.writer_id
+                log._state.writer_lock = lock = WriterLock(fs, directory, lock_timeout)
+                log._writer_id = lock.writer_id
             log._recover(recovery, _replay, _replay_start)
             if sync == "interval" and not read_only:
                 # A pooled worker, not a Thread of its own: see walj/log/_syncers.py.
@@ -132,9 +111,9 @@ class Log(Compaction, Rotation):
 
     def _abandon(self) -> None:
         """A failed open: release what was taken; there is nothing to sync."""
-        self._closed = self._unusable = True
+        self._state.closed = self._state.unusable = True
         self._stop.set()
-        self._release()
+        self._state.release()
         self._forget_finalizers()
 
     def _forget_finalizers(self) -> None:
@@ -149,38 +128,18 @@ class Log(Compaction, Rotation):
 
     def _recover(self, recovery: str, replay: Replay | None,
                  start: ReplayStart | None) -> None:
-        found = recover(self._fs, self._dir, recovery, replay, writable=not self._read_only,
+        st = self._state
+        found = recover(st.fs, st.dir, recovery, replay, writable=not st.read_only,
                         start=start)
         self.problems = found.problems
         self.torn_tail = found.torn_tail
-        self._log_id = found.log_id
-        self._first_seq = found.first_seq
-        if self._read_only:
-            self._next_seq = found.last_seq + 1
-            self._closed = self._unusable = True  # nothing to write; reads go through walj.read
+        st.log_id = found.log_id
+        self._compaction.first_seq = found.first_seq
+        if st.read_only:
+            st.next_seq = found.last_seq + 1
+            st.closed = st.unusable = True  # nothing to write; reads go through walj.read
             return
-        self._resume(found.last)
-
-    def _resume(self, last: SegmentScan | None) -> None:
-        if last is None or last.header is None:
-            self._create_segment(1, 1, "")
-        elif last.seal is not None:
-            self._next_seq = last.seal.last_seq + 1
-            self._create_segment(last.header.index + 1, self._next_seq, last.seal.sha256)
-        else:
-            self._index = last.header.index
-            self._next_seq = (last.last_seq or last.header.first_seq - 1) + 1
-            self._segment_records = last.records
-            self._hash = last.digest
-            self._hash_update = self._hash.update
-            self._offset = last.valid_end
-            self._fd = self._fs.open_append(last.path)
-            if last.header.max_record_bytes < self._max_record:
-                # Readers bound each line by its segment header's limit: a record the new,
-                # larger limit admits must go into a segment whose header says so.
-                with self._lock:
-                    self._rotate(force=True)
-        self._durable_seq = self._next_seq - 1
+        self._rotation.resume(found.last)
 
     # --- writing -------------------------------------------------------------------------------
 
@@ -189,29 +148,28 @@ class Log(Compaction, Rotation):
         "batch", or when `durable=True` whatever the sync mode."""
         if not self._batch:
             return self._append_one(record, durable)
-        counted = False
+        commit, counted = self._commit, False
         try:
             # Counted in, so that a group sync can wait for the appenders still writing.
-            with self._lock:
-                self._active += 1; counted = True  # noqa: E702 - one line: no interrupt between
+            with self._state.lock:
+                commit.appenders += 1; counted = True  # noqa: E702 - one line: no interrupt
             return self._append_one(record, True)
         finally:
             if counted:
-                with self._lock:
-                    self._active -= 1
-                    self._wake_gatherer()
+                with self._state.lock:
+                    commit.appenders -= 1
+                    commit.wake_gatherer()
 
     def _append_one(self, record: dict[str, Any], durable: bool) -> int:
-        data = encode_record(record)
-        if len(data) > self._max_record:
-            raise self._too_large(data)
-        with self._lock:
-            if self._unusable:
-                self._check_usable()
-            seq = self._next_seq
+        data = self._encode(record)
+        st = self._state
+        with st.lock:
+            if st.unusable:
+                self._rotation.ready()
+            seq = st.next_seq
             self._write(frame_record(seq, data), seq, 1)
-        if durable and seq > self._durable_seq:
-            self._wait_durable(seq)
+        if durable and seq > st.durable_seq:
+            self._commit.wait_durable(seq)
         return seq
 
     def append_many(self, records: Iterable[dict[str, Any]], *,
@@ -220,56 +178,66 @@ class Log(Compaction, Rotation):
         datas = [self._encode(record) for record in records]
         if not datas:
             return []
-        with self._lock:
-            self._ready()
-            first = self._next_seq
+        st = self._state
+        with st.lock:
+            self._rotation.ready()
+            first = st.next_seq
             self._write(b"".join(frame_record(first + i, d) for i, d in enumerate(datas)),
                         first, len(datas))
         last = first + len(datas) - 1
-        if last > self._durable_seq and (durable or self._batch):
-            self._wait_durable(last)
+        if last > st.durable_seq and (durable or self._batch):
+            self._commit.wait_durable(last)
         return list(range(first, last + 1))
+
+    def sync(self) -> None:
+        """Make every record appended so far durable, whatever the sync mode."""
+        st = self._state
+        with st.lock:
+            self._rotation.ready()
+            target = st.next_seq - 1
+        if target > st.durable_seq:
+            self._commit.wait_durable(target)
+
+    def rotate(self) -> None:
+        """Seal the active segment (the seal synced, which makes every record in it durable)
+        and start the next, so the next record appended begins a segment. Does nothing when
+        the active segment holds no record yet. Raises as an append would."""
+        with self._state.lock:
+            self._rotation.ready()
+            if self._state.records:
+                self._rotation.rotate(force=True)
 
     def _encode(self, record: dict[str, Any]) -> bytes:
         data = encode_record(record)
         if len(data) > self._max_record:
-            raise self._too_large(data)
+            raise RecordTooLargeError(
+                f"record is {len(data)} bytes; max_record_bytes is {self._max_record}")
         return data
-
-    def _too_large(self, data: bytes) -> RecordTooLargeError:
-        return RecordTooLargeError(
-            f"record is {len(data)} bytes; max_record_bytes is {self._max_record}")
 
     def _write(self, data: bytes, first_seq: int, count: int) -> None:
         """With the lock held: one write of `count` framed records from `first_seq`, then
         rotate or sync. The counters are set from values taken before the write, so setting
         them twice is harmless, and an interrupt is settled from the file's size."""
-        self._check_lock()
-        offset, records = self._offset, self._segment_records
+        st = self._state
+        st.check_lock()
+        offset, records = st.offset, st.records
         try:
-            written = self._os_write(self._fd, data)
+            written = self._os_write(st.fd, data)
             if written != len(data):
-                write_all(self._fs, self._fd, data[written:])
-            self._hash_update(data)
-            self._offset = offset + len(data)
-            self._segment_records = records + count
-            self._next_seq = first_seq + count
+                write_all(st.fs, st.fd, data[written:])
+            st.digest_update(data)
+            st.offset = offset + len(data)
+            st.records = records + count
+            st.next_seq = first_seq + count
         except OSError as exc:
-            raise self._poison(exc) from exc
+            raise st.poison(exc) from exc
         except BaseException:
             self._settle_interrupted_write(offset, records, first_seq, data, count)
             raise
-        if self._offset >= self._segment_bytes:
-            self._rotate()
+        if st.offset >= self._segment_bytes:
+            self._rotation.rotate()
         elif self._always:
-            self._sync_locked()
-
-    def _file_size(self) -> int | None:
-        try:
-            return self._fs.fstat_size(self._fd)
-        except OSError as exc:
-            self._poison(exc)
-            return None
+            self._commit.sync_locked()
 
     def _settle_interrupted_write(self, offset: int, records: int, first_seq: int,
                                   data: bytes, count: int) -> None:
@@ -277,34 +245,36 @@ class Log(Compaction, Rotation):
         count them (unacknowledged, like a crash's), rehashing the segment from the file, since
         the interrupt may have come before or after the running hash took them. None: nothing
         changed. Part of them: poison, for a reopen to cut the torn line."""
-        size = self._file_size()
-        if size is None or size == offset:
-            return
-        if size != offset + len(data):
-            self._poison_interrupted(f"a write was interrupted after {size - offset} of "
-                                     f"{len(data)} bytes")
+        st = self._state
+        if not st.landed(offset, len(data), "a write"):
             return
         try:
-            digest = self._rehash(size)
+            digest = self._rotation.rehash(offset + len(data))
         except OSError as exc:
-            self._poison(exc)
+            st.poison(exc)
             return
-        self._hash, self._hash_update = digest, digest.update
-        self._offset = size
-        self._segment_records = records + count
-        self._next_seq = first_seq + count
+        st.digest, st.digest_update = digest, digest.update
+        st.offset = offset + len(data)
+        st.records = records + count
+        st.next_seq = first_seq + count
 
-    def _gone(self) -> str | None:
-        try:
-            if self._fs.fstat(self._fd).st_nlink == 0:
-                return "the active segment was deleted under this writer"
-        except OSError as exc:
-            return f"the active segment cannot be checked: {exc}"
-        return self._lock_lost()
+    def segments(self) -> list[tuple[str, int]]:
+        """The log's segment files from its base on, oldest first, each with its first seq
+        (from its header; a segment whose header does not verify ends the list)."""
+        return self._compaction.segments()
 
-    def _lock_lost(self) -> str | None:
-        lock = self._writer_lock
-        return lock.still_held() if lock is not None else None
+    def drop_before(self, seq: int) -> int:
+        """Delete every sealed segment whose records all come before `seq`, and return how
+        many segment files this call removed (leftovers of an interrupted drop included).
+
+        The active segment is never dropped, so records from the active segment's first seq
+        on always stay; `seq` inside a segment keeps that whole segment. `seq` may be at most
+        `last_seq + 1`. Readers then start at the first kept segment (see docs/FORMAT.md,
+        *Compaction*). Raises TypeError or ValueError for a bad `seq`, ClosedError or
+        PoisonedError as an append would, CorruptionError (nothing deleted) when the segments
+        to drop do not chain to the ones kept; an I/O failure poisons the handle.
+        """
+        return self._compaction.drop_before(seq)
 
     # --- failure and closing -------------------------------------------------------------------
 
@@ -318,62 +288,15 @@ class Log(Compaction, Rotation):
         syncer = self._syncer
         if syncer is not None:
             syncer.join()  # returns at once inside the syncer (a finalizer may close there)
-        if not self._forked:  # a forked child only lets go of the parent's descriptors
-            with self._drop_lock:  # a drop under way ends before the directory is let go
-                self._close_locked(seal)
-                self._release()
-        self._release()  # idempotent
+        if not self._state.forked:  # a forked child only lets go of the parent's descriptors
+            with self._compaction.drop_lock:  # a drop under way ends before the release
+                self._commit.close(self._rotation.seal_for_close if seal else None)
+                self._state.release()
+        self._state.release()  # idempotent
         self._forget_finalizers()
-        failure, self._close_failure = self._close_failure, None
+        failure, self._commit.close_failure = self._commit.close_failure, None
         if failure is not None:
             raise failure
-
-    def _close_locked(self, seal: bool) -> None:
-        with self._lock:
-            while self._syncing:
-                self._cond.wait()
-            if self._closed:
-                return
-            if self._poisoned is not None:
-                self._close_failure = PoisonedError(
-                    f"{self._dir} was poisoned ({self._poisoned}); records after seq "
-                    f"{self._durable_seq} may not be durable")
-            elif seal and self._fd >= 0:
-                try:
-                    self._seal_for_close()
-                except PoisonedError as exc:
-                    self._close_failure = exc
-            elif self._fd >= 0 and self._durable_seq < self._next_seq - 1:
-                try:
-                    self._fs.sync(self._fd)
-                    self._durable_seq = self._next_seq - 1
-                except OSError as exc:
-                    self._close_failure = self._poison(exc)
-                    self._close_failure.__cause__ = exc
-            self._closed = self._unusable = True
-            self._cond.notify_all()
-
-    def _release(self) -> None:
-        try:
-            self._release_steps()
-        except BaseException:
-            self._release_steps()  # an interrupt stopped it: finish, then let it go on
-            raise
-
-    def _release_steps(self) -> None:
-        """Idempotent. The descriptor is detached before it is closed: an interrupt between
-        the two leaks it, and never makes a later step close another file's."""
-        fd = self._fd
-        if fd >= 0:
-            self._fd = -1
-            try:
-                self._fs.close(fd)
-            except OSError:
-                pass  # the data question was settled by the sync in close()
-        lock = self._writer_lock
-        if lock is not None:
-            lock.release(unlock=not self._forked)
-            self._writer_lock = None
 
     def __enter__(self) -> Log:
         return self
@@ -390,11 +313,17 @@ class Log(Compaction, Rotation):
 
     @property
     def path(self) -> Path:
-        return Path(self._dir)
+        return Path(self._state.dir)
 
     @property
     def log_id(self) -> str:
-        return self._log_id
+        return self._state.log_id
+
+    @property
+    def first_seq(self) -> int:
+        """The seq the log now begins at: 1, or, once `drop_before` dropped segments, the
+        first seq of the first kept segment (its base)."""
+        return self._compaction.first_seq
 
     @property
     def writer_id(self) -> str | None:
@@ -407,34 +336,35 @@ class Log(Compaction, Rotation):
     def quarantined(self) -> list[Quarantined]:
         """Every cut into quarantine/ its manifest records, oldest first (recovery's and
         `walj repair`'s alike)."""
-        return read_manifest(self._dir)
+        return read_manifest(self._state.dir)
 
     def cut_lines(self, entry: Quarantined) -> tuple[list[CutLine], bool]:
         """The records among a cut's bytes whose checksums still verify, and whether the
         quarantine file holds exactly the bytes its manifest line describes."""
-        return cut_lines(self._dir, entry)
+        return cut_lines(self._state.dir, entry)
 
     @property
     def last_seq(self) -> int:
         """The seq of the last record appended (0 for an empty log)."""
-        return self._next_seq - 1
+        return self._state.next_seq - 1
 
     @property
     def durable_seq(self) -> int:
-        return self._durable_seq
+        return self._state.durable_seq
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self._state.closed
 
     @property
     def poisoned(self) -> bool:
         """True once a failure or interrupt made the handle refuse work; reopen to recover."""
-        return self._poisoned is not None or self._forked
+        return self._state.poisoned is not None or self._state.forked
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else ("poisoned" if self.poisoned else "open")
-        return f"<walj.Log {self._dir!r} {state} last_seq={self.last_seq} sync={self._mode!r}>"
+        state = "closed" if self.closed else ("poisoned" if self.poisoned else "open")
+        return (f"<walj.Log {self._state.dir!r} {state} last_seq={self.last_seq} "
+                f"sync={self._mode!r}>")
 
 
 def _close_abandoned(state: dict[str, Any], name: str) -> None:

@@ -1,68 +1,90 @@
-"""Rotation: creating a segment (header under a temporary name, synced, renamed, directory
-synced), sealing the active one, and finishing a rotation an interrupt stopped."""
+"""Rotation: which segment is active, creating a segment (header under a temporary name,
+synced, renamed, directory synced), sealing the active one, and finishing a rotation an
+interrupt stopped."""
 
 from __future__ import annotations
 
 import hashlib
 import os
-import threading
 import time
 from typing import Any
 
 from . import format as fmt
-from ._durability import Durability
+from ._durability import WriterState
 from .fs import write_all
+from .segment import SegmentScan
 
 _REHASH_BYTES = 1 << 20
 
 
-class Rotation(Durability):
-    """The segment half of a Log: which segment is active, and moving on to the next one. The
-    Log holds the lock around every call here."""
+class Rotation:
+    """Moves a WriterState from one segment to the next. Every method but `resume` is called
+    with the state's lock held."""
 
-    _log_id: str
-    _max_record: int
-    _segment_bytes: int
-    _index: int
-    _offset: int
-    _segment_records: int
-    _hash: Any
-    _hash_update: Any
-    _sealed: tuple[int, int, str] | None
-    _cond: threading.Condition
+    def __init__(self, state: WriterState, max_record: int, segment_bytes: int) -> None:
+        self._state = state
+        self._max_record = max_record
+        self._segment_bytes = segment_bytes
 
-    def _file_size(self) -> int | None:
-        raise NotImplementedError
+    def resume(self, last: SegmentScan | None) -> None:
+        """On open: append to the last segment found, or start the next one (the first)."""
+        st = self._state
+        if last is None or last.header is None:
+            self.create_segment(1, 1, "")
+        elif last.seal is not None:
+            st.next_seq = last.seal.last_seq + 1
+            self.create_segment(last.header.index + 1, st.next_seq, last.seal.sha256)
+        else:
+            st.index = last.header.index
+            st.next_seq = (last.last_seq or last.header.first_seq - 1) + 1
+            st.records = last.records
+            st.digest, st.digest_update = last.digest, last.digest.update
+            st.offset = last.valid_end
+            st.fd = st.fs.open_append(last.path)
+            if last.header.max_record_bytes < self._max_record:
+                # Readers bound each line by its segment header's limit: a record the new,
+                # larger limit admits must go into a segment whose header says so.
+                with st.lock:
+                    self.rotate(force=True)
+        st.durable_seq = st.next_seq - 1
 
-    def _create_segment(self, index: int, first_seq: int, prev_seal: str) -> None:
+    def ready(self) -> None:
+        """Before a write: raise unless the handle may write now, having finished a rotation
+        an interrupt stopped."""
+        if self._state.unusable:
+            self._state.check_usable()
+            self.finish()
+
+    def create_segment(self, index: int, first_seq: int, prev_seal: str) -> None:
         """Write the header under a temporary name, sync, rename, sync the directory. Safe to
         repeat after an interrupt: a leftover temporary or header-only segment is replaced."""
-        self._check_lock()
+        st = self._state
+        st.check_lock()
         name = fmt.segment_name(index)
-        final = os.path.join(self._dir, name)
+        final = os.path.join(st.dir, name)
         tmp = final + ".tmp"
-        header = fmt.Header(fmt.FORMAT_VERSION, self._log_id, index, first_seq, prev_seal,
+        header = fmt.Header(fmt.FORMAT_VERSION, st.log_id, index, first_seq, prev_seal,
                             self._max_record, time.time())
         line = fmt.frame(header.body())
         try:
-            self._fs.unlink(tmp)
+            st.fs.unlink(tmp)
         except FileNotFoundError:
             pass
-        fd = self._fs.create(tmp)
+        fd = st.fs.create(tmp)
         try:
-            write_all(self._fs, fd, line)
-            self._fs.sync(fd)
-            self._fs.rename(tmp, final)
-            self._fs.sync_dir(self._dir)
+            write_all(st.fs, fd, line)
+            st.fs.sync(fd)
+            st.fs.rename(tmp, final)
+            st.fs.sync_dir(st.dir)
             if index == 1:
                 # A directory found without segments may be one whose maker died before it
                 # synced the parent: it is durable only once that sync is done.
-                self._fs.sync_dir(os.path.dirname(os.path.abspath(self._dir)))
+                st.fs.sync_dir(os.path.dirname(os.path.abspath(st.dir)))
         except BaseException:
-            self._fs.close(fd)
+            st.fs.close(fd)
             raise
         digest = hashlib.sha256(line)
-        old = self._fd
+        old = st.fd
         try:
             self._switch(fd, index, len(line), digest)
         except BaseException:
@@ -70,102 +92,100 @@ class Rotation(Durability):
             raise
         finally:
             if old >= 0 and old != fd:
-                self._fs.close(old)
+                st.fs.close(old)
 
     def _switch(self, fd: int, index: int, offset: int, digest: Any) -> None:
-        self._fd, self._index, self._offset, self._segment_records = fd, index, offset, 0
-        self._hash, self._hash_update = digest, digest.update
+        st = self._state
+        st.fd, st.index, st.offset, st.records = fd, index, offset, 0
+        st.digest, st.digest_update = digest, digest.update
 
-    def _rehash(self, size: int) -> Any:
+    def rehash(self, size: int) -> Any:
+        """The SHA-256 of the active segment's first `size` bytes, read from the file."""
+        st = self._state
         digest = hashlib.sha256()
-        fd = self._fs.open_read(os.path.join(self._dir, fmt.segment_name(self._index)))
+        fd = st.fs.open_read(os.path.join(st.dir, fmt.segment_name(st.index)))
         try:
             pos = 0
             while pos < size:
-                chunk = self._fs.pread(fd, min(_REHASH_BYTES, size - pos), pos)
+                chunk = st.fs.pread(fd, min(_REHASH_BYTES, size - pos), pos)
                 if not chunk:
                     raise OSError(f"segment ended at {pos} of {size} bytes")
                 digest.update(chunk)
                 pos += len(chunk)
         finally:
-            self._fs.close(fd)
+            st.fs.close(fd)
         return digest
 
-    def rotate(self) -> None:
-        """Seal the active segment (the seal synced, which makes every record in it durable)
-        and start the next, so the next record appended begins a segment. Does nothing when
-        the active segment holds no record yet. Raises as an append would."""
-        with self._lock:
-            self._ready()
-            if self._segment_records:
-                self._rotate(force=True)
-
-    def _rotate(self, *, force: bool = False) -> None:
-        """Seal the active segment and start the next one. Called with the lock held."""
-        while self._syncing:
-            self._cond.wait()
-        if self._sealed is None:
-            if not force and self._offset < self._segment_bytes:
+    def rotate(self, *, force: bool = False) -> None:
+        """Seal the active segment and start the next one (unless, not `force`d, another
+        appender already did so)."""
+        st = self._state
+        while st.syncing:
+            st.cond.wait()
+        if st.sealed is None:
+            if not force and st.offset < self._segment_bytes:
                 return  # another appender rotated while this one waited out the sync
-            if self._poisoned is not None or self._closed:
-                self._check_usable()
+            if st.poisoned is not None or st.closed:
+                st.check_usable()
             self._write_seal()
-        self._finish_rotation()
+        self.finish()
 
     def _write_seal(self) -> None:
-        self._check_lock()
-        offset = self._offset
-        last_seq = self._next_seq - 1
-        seal = fmt.Seal(last_seq, self._segment_records, self._hash.hexdigest())
+        st = self._state
+        st.check_lock()
+        offset = st.offset
+        last_seq = st.next_seq - 1
+        seal = fmt.Seal(last_seq, st.records, st.digest.hexdigest())
         line = fmt.frame(seal.body())
-        sealed = (self._index, last_seq, seal.sha256)
+        sealed = (st.index, last_seq, seal.sha256)
         try:
-            write_all(self._fs, self._fd, line)
-            self._sealed = sealed; self._unusable = True  # noqa: E702
+            write_all(st.fs, st.fd, line)
+            st.sealed = sealed; st.unusable = True  # noqa: E702
         except OSError as exc:
-            raise self._poison(exc) from exc
+            raise st.poison(exc) from exc
         except BaseException:
-            size = self._file_size()
-            if size == offset + len(line):
-                self._sealed = sealed; self._unusable = True  # noqa: E702
-            elif size is not None and size != offset:
-                self._poison_interrupted("a seal was interrupted half written")
+            if st.landed(offset, len(line), "a seal"):
+                st.sealed = sealed; st.unusable = True  # noqa: E702
             raise
 
-    def _finish_rotation(self) -> None:
-        """With the lock held: if a seal is in the file, sync it and create the next segment.
-        Repeating this after an interrupt redoes at most a sync and a header-only file."""
-        if self._sealed is None:
+    def finish(self) -> None:
+        """If a seal is in the file, sync it and create the next segment. Repeating this after
+        an interrupt redoes at most a sync and a header-only file."""
+        st = self._state
+        if st.sealed is None:
             return
-        index, last_seq, sha256 = self._sealed
+        index, last_seq, sha256 = st.sealed
         try:
-            if self._index == index and self._fd >= 0:
-                self._fs.sync(self._fd)
-                self._durable_seq = last_seq
-            self._create_segment(index + 1, last_seq + 1, sha256)
+            self._sync_seal(index, last_seq)
+            self.create_segment(index + 1, last_seq + 1, sha256)
         except OSError as exc:
-            raise self._poison(exc) from exc
-        self._sealed = None
-        self._unusable = self._closed or self._poisoned is not None or self._forked
-        self._cond.notify_all()
+            raise st.poison(exc) from exc
+        st.sealed = None
+        st.unusable = st.closed or st.poisoned is not None or st.forked
+        st.cond.notify_all()
 
-    def _seal_for_close(self) -> None:
-        """With the lock held, for close(seal=True): seal the active segment and sync it, and
-        create no next one, so that every segment of a finished log is sealed (wholly
-        archivable). A reopen starts the next segment, as after a rotation a crash stopped
-        between the seal's sync and the next header. Repeating it after an interrupt redoes at
-        most the sync: the handle is marked closed before the seal is forgotten."""
-        while self._syncing:
-            self._cond.wait()
-        if self._sealed is None:
+    def _sync_seal(self, index: int, last_seq: int) -> None:
+        st = self._state
+        if st.index == index and st.fd >= 0:
+            st.fs.sync(st.fd)
+            st.durable_seq = last_seq
+
+    def seal_for_close(self) -> None:
+        """For close(seal=True): seal the active segment and sync it, and create no next one,
+        so that every segment of a finished log is sealed (wholly archivable). A reopen starts
+        the next segment, as after a rotation a crash stopped between the seal's sync and the
+        next header. Repeating it after an interrupt redoes at most the sync: the handle is
+        marked closed before the seal is forgotten."""
+        st = self._state
+        while st.syncing:
+            st.cond.wait()
+        if st.sealed is None:
             self._write_seal()
-        assert self._sealed is not None  # noqa: S101 - _write_seal set it or raised
-        index, last_seq, _ = self._sealed
+        assert st.sealed is not None  # noqa: S101 - _write_seal set it or raised
+        index, last_seq, _ = st.sealed
         try:
-            if self._index == index and self._fd >= 0:
-                self._fs.sync(self._fd)
-                self._durable_seq = last_seq
+            self._sync_seal(index, last_seq)
         except OSError as exc:
-            raise self._poison(exc) from exc
-        self._closed = self._unusable = True
-        self._sealed = None
+            raise st.poison(exc) from exc
+        st.closed = st.unusable = True
+        st.sealed = None
