@@ -46,6 +46,7 @@ _SAFE_BITS = 14_000  # an int this wide has fewer than MAX_INT_DIGITS digits
 _INT64 = 2**63
 _INF = float("inf")
 _CONTAINERS = (dict, list, tuple)
+_EXACT_CONTAINERS = frozenset(_CONTAINERS)
 
 
 class NestingError(SerializationError):
@@ -111,14 +112,19 @@ def _scan(container: Any, level: int, limit: int) -> int:
             if -_INF < item < _INF:
                 flags |= FLOAT
                 continue
-        elif kind is dict or kind is list or kind is tuple:
+        elif kind in _EXACT_CONTAINERS:
             flags |= _scan(item, level + 1, limit)
             continue
-        elif issubclass(kind, _CONTAINERS):
-            flags |= _scan_subclass(item, level + 1, limit)
-            continue
-        flags |= _scalar_flags(item)
+        flags |= _rarer_flags(item, level + 1, limit)
     return flags
+
+
+def _rarer_flags(item: Any, level: int, limit: int) -> int:
+    """_scan's rule for what it does not take inline: a subclass of a container (the
+    `level`-th container down), or any other value."""
+    if issubclass(type(item), _CONTAINERS):
+        return _scan_subclass(item, level, limit)
+    return _scalar_flags(item)
 
 
 def _scan_subclass(container: Any, level: int, limit: int) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 _INF = float("inf")
@@ -38,20 +39,37 @@ def dumps(value: Any, sort_keys: bool = False) -> str:
             out.append(int.__repr__(item))
         elif kind is float:
             out.append(float.__repr__(item))
-        elif not item:
-            out.append("{}" if kind is dict else "[]")
         elif kind is dict:
-            keys = sorted(item) if sort_keys else list(item)
-            work.append(_Raw("}"))
-            for index in range(len(keys) - 1, -1, -1):
-                work.append(item[keys[index]])
-                work.append(_Raw(("," if index else "{") + quote(keys[index]) + ":"))
+            _push_object(item, sort_keys, quote, work)
         else:
-            work.append(_Raw("]"))
-            for index in range(len(item) - 1, -1, -1):
-                work.append(item[index])
-                work.append(_Raw("," if index else "["))
+            _push_array(item, work)
     return "".join(out)
+
+
+def _push_object(item: dict[str, Any], sort_keys: bool, quote: Callable[[str], str],
+                 work: list[Any]) -> None:
+    """Put a dict on the encoder's work stack, what is written first on top: `{"key":`,
+    value, `,"key":`, value, ..., `}`."""
+    if not item:
+        work.append(_Raw("{}"))
+        return
+    keys = sorted(item) if sort_keys else list(item)
+    work.append(_Raw("}"))
+    for index in range(len(keys) - 1, -1, -1):
+        work.append(item[keys[index]])
+        work.append(_Raw(("," if index else "{") + quote(keys[index]) + ":"))
+
+
+def _push_array(item: list[Any] | tuple[Any, ...], work: list[Any]) -> None:
+    """Put a list or tuple on the encoder's work stack, what is written first on top: `[`,
+    item, `,`, item, ..., `]`."""
+    if not item:
+        work.append(_Raw("[]"))
+        return
+    work.append(_Raw("]"))
+    for index in range(len(item) - 1, -1, -1):
+        work.append(item[index])
+        work.append(_Raw("," if index else "["))
 
 
 def _no_constant(name: str) -> Any:
@@ -68,39 +86,35 @@ def _finite(text: str) -> float:
 # Parses one scalar at a time (strings, numbers, literals), which needs no recursion. NaN,
 # Infinity and out-of-range numbers are refused, as msgspec refuses them.
 _SCALAR = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite)
+_skip = _SPACE.match
+_scalar = _SCALAR.raw_decode
 
 
 def loads(data: bytes | memoryview | str) -> Any:
     """Parse exactly one JSON value, with the containers being filled on a list instead of the
     call stack. ValueError for anything else."""
     text = data if isinstance(data, str) else bytes(data).decode("utf-8")
-    skip = _SPACE.match
-    scalar = _SCALAR.raw_decode
+    skip = _skip
+    scalar = _scalar
     filling: list[Any] = []  # the containers being filled, innermost last
     keys: list[str] = []  # for each dict being filled, the key whose value comes next
-
-    def key_at(pos: int) -> int:
-        if text[pos : pos + 1] != '"':
-            raise ValueError(f"expected a key at character {pos}")
-        key, pos = scalar(text, pos)
-        pos = _end(skip(text, pos))
-        if text[pos : pos + 1] != ":":
-            raise ValueError(f"expected ':' at character {pos}")
-        keys.append(key)
-        return _end(skip(text, pos + 1))
-
     pos = _end(skip(text))
     while True:
         char = text[pos : pos + 1]
         value: Any
-        if char == "{" or char == "[":
+        if char == "{":
             pos = _end(skip(text, pos + 1))
-            if text[pos : pos + 1] == ("}" if char == "{" else "]"):
-                value, pos = ({} if char == "{" else []), pos + 1
-            else:
-                filling.append({} if char == "{" else [])
-                pos = key_at(pos) if char == "{" else pos
+            if text[pos : pos + 1] != "}":
+                filling.append({})
+                pos = _key(text, pos, keys)
                 continue
+            value, pos = {}, pos + 1
+        elif char == "[":
+            pos = _end(skip(text, pos + 1))
+            if text[pos : pos + 1] != "]":
+                filling.append([])
+                continue
+            value, pos = [], pos + 1
         else:
             value, pos = scalar(text, pos)
         while True:  # put the value in its container; close each container that ends here
@@ -119,12 +133,24 @@ def loads(data: bytes | memoryview | str) -> Any:
             char = text[pos : pos + 1]
             if char == ",":
                 pos = _end(skip(text, pos + 1))
-                pos = key_at(pos) if end == "}" else pos
+                pos = _key(text, pos, keys) if end == "}" else pos
                 break
             if char != end:
                 raise ValueError(f"expected ',' or '{end}' at character {pos}")
             pos += 1
             value = filling.pop()
+
+
+def _key(text: str, pos: int, keys: list[str]) -> int:
+    """At a dict's key at `pos`: put it on `keys`; where its value starts."""
+    if text[pos : pos + 1] != '"':
+        raise ValueError(f"expected a key at character {pos}")
+    key, pos = _scalar(text, pos)
+    pos = _end(_skip(text, pos))
+    if text[pos : pos + 1] != ":":
+        raise ValueError(f"expected ':' at character {pos}")
+    keys.append(key)
+    return _end(_skip(text, pos + 1))
 
 
 def _end(match: re.Match[str] | None) -> int:
