@@ -19,6 +19,11 @@ class _Raw(str):
     """JSON text the encoder copies as it is: brackets, separators, keys."""
 
 
+_SCALAR_TEXT: dict[type, Callable[[Any], str]] = {
+    int: int.__repr__, float: float.__repr__, bool: lambda flag: "true" if flag else "false",
+    type(None): lambda _: "null"}
+
+
 def dumps(value: Any, sort_keys: bool = False) -> str:
     """What json.dumps(value, separators=(",", ":"), ensure_ascii=False, sort_keys=...) writes,
     for a value made of exact dict, list, tuple, str, int, float, bool and None only (one that
@@ -33,43 +38,22 @@ def dumps(value: Any, sort_keys: bool = False) -> str:
             out.append(item)
         elif kind is str:
             out.append(quote(item))
-        elif item is None or kind is bool:
-            out.append("null" if item is None else "true" if item else "false")
-        elif kind is int:
-            out.append(int.__repr__(item))
-        elif kind is float:
-            out.append(float.__repr__(item))
+        elif kind in _SCALAR_TEXT:
+            out.append(_SCALAR_TEXT[kind](item))
+        elif not item:
+            out.append("{}" if kind is dict else "[]")
         elif kind is dict:
-            _push_object(item, sort_keys, quote, work)
+            keys = sorted(item) if sort_keys else list(item)
+            work.append(_Raw("}"))
+            for index in range(len(keys) - 1, -1, -1):
+                work.append(item[keys[index]])
+                work.append(_Raw(("," if index else "{") + quote(keys[index]) + ":"))
         else:
-            _push_array(item, work)
+            work.append(_Raw("]"))
+            for index in range(len(item) - 1, -1, -1):
+                work.append(item[index])
+                work.append(_Raw("," if index else "["))
     return "".join(out)
-
-
-def _push_object(item: dict[str, Any], sort_keys: bool, quote: Callable[[str], str],
-                 work: list[Any]) -> None:
-    """Put a dict on the encoder's work stack, what is written first on top: `{"key":`,
-    value, `,"key":`, value, ..., `}`."""
-    if not item:
-        work.append(_Raw("{}"))
-        return
-    keys = sorted(item) if sort_keys else list(item)
-    work.append(_Raw("}"))
-    for index in range(len(keys) - 1, -1, -1):
-        work.append(item[keys[index]])
-        work.append(_Raw(("," if index else "{") + quote(keys[index]) + ":"))
-
-
-def _push_array(item: list[Any] | tuple[Any, ...], work: list[Any]) -> None:
-    """Put a list or tuple on the encoder's work stack, what is written first on top: `[`,
-    item, `,`, item, ..., `]`."""
-    if not item:
-        work.append(_Raw("[]"))
-        return
-    work.append(_Raw("]"))
-    for index in range(len(item) - 1, -1, -1):
-        work.append(item[index])
-        work.append(_Raw("," if index else "["))
 
 
 def _no_constant(name: str) -> Any:
