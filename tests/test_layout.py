@@ -192,10 +192,10 @@ class Surface:
 
 
 def crossings(name: str, surface: Surface) -> list[str]:
-    """Where module `name` reaches a lower layer other than through a declared name: a private
-    module, a submodule with no `__all__`, a name its target does not export or that starts
-    with "_", a private attribute of what it took from a lower layer (or from `walj`), or a
-    private attribute that only a lower layer defines."""
+    """Where module `name` reaches a lower layer (or the top package, which holds them all)
+    other than through a declared name: a private module, a submodule with no `__all__`, a
+    name its target does not export or that starts with "_", a private attribute of what it
+    took from a lower layer or from `walj`, or a private attribute only a lower layer defines."""
     layer = layer_of(name)
     below = [low for low, rank in LAYER_RANK.items() if layer and rank < LAYER_RANK[layer]]
     package = name if name in surface.packages else name.rpartition(".")[0]
@@ -215,8 +215,7 @@ def crossings(name: str, surface: Surface) -> list[str]:
             wrong.append(f"{name}:{line} imports {module}, which declares no __all__")
 
     def take(module: str, what: str, line: int) -> None:
-        if is_private(what) or (lower(module) and what not in (surface.declared.get(module)
-                                                                or set())):
+        if is_private(what) or what not in (surface.declared.get(module) or set()):
             wrong.append(f"{name}:{line} takes {what} from {module}, which does not export it")
 
     def module_of(node: ast.expr) -> str | None:
@@ -294,6 +293,7 @@ def test_the_layer_surface_check_catches_each_way_around_a_declared_name() -> No
         "from walj.log import segment; segment._helper",  # a private name of a submodule
         "from walj.log import segment as seg; seg.hidden",  # not in the submodule's __all__
         "walj.log.Hidden",  # not in the package's __all__
+        "from walj import Hidden",  # not in the top package's __all__
     ]
     good = [
         "import walj", "from walj.journal import ToolJournal", "from walj.log import segment",
@@ -304,7 +304,7 @@ def test_the_layer_surface_check_catches_each_way_around_a_declared_name() -> No
         "    def use(self): return self._state, _codec.MAX_DEPTH",
     ]
     sources = {
-        "walj": "__all__ = ['ToolJournal']\n_private = 1",
+        "walj": "__all__ = ['ToolJournal', '__version__']\n_private = 1\nHidden = 1",
         "walj.errors": "class WaljError(Exception): pass", "walj._codec": "MAX_DEPTH = 1",
         "walj.log": "__all__ = ['Log']", "walj.log._base": "class Log:\n    _gone = 1",
         "walj.log.segment": "__all__ = ['read_header']\ndef read_header(): pass\n_helper = 1",

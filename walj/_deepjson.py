@@ -70,18 +70,27 @@ def _finite(text: str) -> float:
 # Parses one scalar at a time (strings, numbers, literals), which needs no recursion. NaN,
 # Infinity and out-of-range numbers are refused, as msgspec refuses them.
 _SCALAR = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite)
-_skip = _SPACE.match
-_scalar = _SCALAR.raw_decode
 
 
 def loads(data: bytes | memoryview | str) -> Any:
     """Parse exactly one JSON value, with the containers being filled on a list instead of the
     call stack. ValueError for anything else."""
     text = data if isinstance(data, str) else bytes(data).decode("utf-8")
-    skip = _skip
-    scalar = _scalar
+    skip = _SPACE.match
+    scalar = _SCALAR.raw_decode
     filling: list[Any] = []  # the containers being filled, innermost last
     keys: list[str] = []  # for each dict being filled, the key whose value comes next
+
+    def key_at(pos: int) -> int:
+        if text[pos : pos + 1] != '"':
+            raise ValueError(f"expected a key at character {pos}")
+        key, pos = scalar(text, pos)
+        pos = _end(skip(text, pos))
+        if text[pos : pos + 1] != ":":
+            raise ValueError(f"expected ':' at character {pos}")
+        keys.append(key)
+        return _end(skip(text, pos + 1))
+
     pos = _end(skip(text))
     while True:
         char = text[pos : pos + 1]
@@ -90,7 +99,7 @@ def loads(data: bytes | memoryview | str) -> Any:
             pos = _end(skip(text, pos + 1))
             if text[pos : pos + 1] != "}":
                 filling.append({})
-                pos = _key(text, pos, keys)
+                pos = key_at(pos)
                 continue
             value, pos = {}, pos + 1
         elif char == "[":
@@ -117,24 +126,12 @@ def loads(data: bytes | memoryview | str) -> Any:
             char = text[pos : pos + 1]
             if char == ",":
                 pos = _end(skip(text, pos + 1))
-                pos = _key(text, pos, keys) if end == "}" else pos
+                pos = key_at(pos) if end == "}" else pos
                 break
             if char != end:
                 raise ValueError(f"expected ',' or '{end}' at character {pos}")
             pos += 1
             value = filling.pop()
-
-
-def _key(text: str, pos: int, keys: list[str]) -> int:
-    """At a dict's key at `pos`: put it on `keys`; where its value starts."""
-    if text[pos : pos + 1] != '"':
-        raise ValueError(f"expected a key at character {pos}")
-    key, pos = _scalar(text, pos)
-    pos = _end(_skip(text, pos))
-    if text[pos : pos + 1] != ":":
-        raise ValueError(f"expected ':' at character {pos}")
-    keys.append(key)
-    return _end(_skip(text, pos + 1))
 
 
 def _end(match: re.Match[str] | None) -> int:
