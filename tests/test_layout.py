@@ -283,14 +283,14 @@ def test_the_layer_surface_check_catches_each_way_around_a_declared_name() -> No
     bad = [
         "from walj.journal._core import Core",  # a private module
         "from walj.log import Hidden",  # a name the package does not export
-        "from walj.log.segment import _helper",  # a private name
+        "from walj.log.segment import _inner",  # a private name
         "import walj.log.undeclared",  # a public submodule with no __all__
         "from ..journal import _core",  # a private module, relative
         "from walj.journal import ToolJournal; ToolJournal._open",  # private attr of a name
         "def f(journal): return journal._state",  # an attribute only the journal defines
         "walj.journal._core.Core",  # a private module reached as an attribute
         "import walj; walj._private",  # a private name of the top package
-        "from walj.log import segment; segment._helper",  # a private name of a submodule
+        "from walj.log import segment; segment._inner",  # a private name of a submodule
         "from walj.log import segment as seg; seg.hidden",  # not in the submodule's __all__
         "walj.log.Hidden",  # not in the package's __all__
         "from walj import Hidden",  # not in the top package's __all__
@@ -307,7 +307,7 @@ def test_the_layer_surface_check_catches_each_way_around_a_declared_name() -> No
         "walj": "__all__ = ['ToolJournal', '__version__']\n_private = 1\nHidden = 1",
         "walj.errors": "class WaljError(Exception): pass", "walj._codec": "MAX_DEPTH = 1",
         "walj.log": "__all__ = ['Log']", "walj.log._base": "class Log:\n    _gone = 1",
-        "walj.log.segment": "__all__ = ['read_header']\ndef read_header(): pass\n_helper = 1",
+        "walj.log.segment": "__all__ = ['read_header']\ndef read_header(): pass\n_inner = 1",
         "walj.log.undeclared": "x = 1",
         "walj.journal": "__all__ = ['ToolJournal']",
         "walj.journal._core": ("class Core:\n    __slots__ = ('_state',)\n"
