@@ -46,6 +46,7 @@ _SAFE_BITS = 14_000  # an int this wide has fewer than MAX_INT_DIGITS digits
 _INT64 = 2**63
 _INF = float("inf")
 _CONTAINERS = (dict, list, tuple)
+_EXACT_CONTAINERS = frozenset(_CONTAINERS)
 
 
 class NestingError(SerializationError):
@@ -64,14 +65,9 @@ def check(value: Any, limit: int, root: str) -> tuple[Any, int]:
     """(what to encode, flags) for `value`, nested at most `limit` containers deep; else
     SerializationError naming what was refused and where (`record["a"][3] is of type set`).
     What to encode is `value` itself unless it holds subclasses (flag CONVERT)."""
-    kind = type(value)
     try:
-        if kind is dict or kind is list or kind is tuple:
-            flags = _scan(value, 1, limit)
-        elif issubclass(kind, _CONTAINERS):
-            flags = _scan_subclass(value, 1, limit)
-        else:
-            flags = _scalar_flags(value)
+        flags = (_scan(value, 1, limit) if type(value) in _EXACT_CONTAINERS
+                 else _other_flags(value, 1, limit))
     except (_Refused, RecursionError):  # RecursionError: a deep value on a deep call stack
         flags = -1
     if flags < 0:
@@ -111,14 +107,18 @@ def _scan(container: Any, level: int, limit: int) -> int:
             if -_INF < item < _INF:
                 flags |= FLOAT
                 continue
-        elif kind is dict or kind is list or kind is tuple:
+        elif kind in _EXACT_CONTAINERS:
             flags |= _scan(item, level + 1, limit)
             continue
-        elif issubclass(kind, _CONTAINERS):
-            flags |= _scan_subclass(item, level + 1, limit)
-            continue
-        flags |= _scalar_flags(item)
+        flags |= _other_flags(item, level + 1, limit)
     return flags
+
+
+def _other_flags(item: Any, level: int, limit: int) -> int:
+    """The rule for all but an exact dict, list or tuple (`level`: where a container is)."""
+    if issubclass(type(item), _CONTAINERS):
+        return _scan_subclass(item, level, limit)
+    return _scalar_flags(item)
 
 
 def _scan_subclass(container: Any, level: int, limit: int) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 _INF = float("inf")
@@ -16,6 +17,11 @@ _SPACE = re.compile(r"[ \t\n\r]*")
 
 class _Raw(str):
     """JSON text the encoder copies as it is: brackets, separators, keys."""
+
+
+_SCALAR_TEXT: dict[type, Callable[[Any], str]] = {
+    int: int.__repr__, float: float.__repr__, bool: lambda flag: "true" if flag else "false",
+    type(None): lambda _: "null"}
 
 
 def dumps(value: Any, sort_keys: bool = False) -> str:
@@ -32,12 +38,8 @@ def dumps(value: Any, sort_keys: bool = False) -> str:
             out.append(item)
         elif kind is str:
             out.append(quote(item))
-        elif item is None or kind is bool:
-            out.append("null" if item is None else "true" if item else "false")
-        elif kind is int:
-            out.append(int.__repr__(item))
-        elif kind is float:
-            out.append(float.__repr__(item))
+        elif kind in _SCALAR_TEXT:
+            out.append(_SCALAR_TEXT[kind](item))
         elif not item:
             out.append("{}" if kind is dict else "[]")
         elif kind is dict:
@@ -93,14 +95,19 @@ def loads(data: bytes | memoryview | str) -> Any:
     while True:
         char = text[pos : pos + 1]
         value: Any
-        if char == "{" or char == "[":
+        if char == "{":
             pos = _end(skip(text, pos + 1))
-            if text[pos : pos + 1] == ("}" if char == "{" else "]"):
-                value, pos = ({} if char == "{" else []), pos + 1
-            else:
-                filling.append({} if char == "{" else [])
-                pos = key_at(pos) if char == "{" else pos
+            if text[pos : pos + 1] != "}":
+                filling.append({})
+                pos = key_at(pos)
                 continue
+            value, pos = {}, pos + 1
+        elif char == "[":
+            pos = _end(skip(text, pos + 1))
+            if text[pos : pos + 1] != "]":
+                filling.append([])
+                continue
+            value, pos = [], pos + 1
         else:
             value, pos = scalar(text, pos)
         while True:  # put the value in its container; close each container that ends here

@@ -31,7 +31,9 @@ from workers import Worker
 
 import walj
 from walj.integrations import _journals as _journals_module
-from walj.integrations._journals import RELEASE_ACTOR, JournalOnly, SessionJournals
+from walj.integrations import _session_open as _session_open_module
+from walj.integrations._journals import JournalOnly, SessionJournals
+from walj.integrations._session_open import RELEASE_ACTOR
 from walj.integrations.langchain import WaljMiddleware
 
 THREAD = "user:42"
@@ -353,17 +355,21 @@ def test_a_run_cancelled_while_its_journal_opens_leaves_it_idle_not_held(tmp_pat
     assert journals.open_ids() == []
 
 
-def _interrupted_at(n: int, operation: Callable[[], Any]) -> int | None:
-    """Run `operation` in a thread traced on the lines of walj/integrations/_journals.py, and
-    raise KeyboardInterrupt before its n-th line there; the line it landed on, or None when the
-    operation has fewer lines. A `with` block's normal exit is reported as a line before its
-    `__exit__` runs, where no real interrupt lands (CPython delivers one after the call
-    returns): an interrupt due there goes to the next line."""
-    source = Path(JOURNALS_FILE).read_text(encoding="utf-8").splitlines()
-    count, landed = [0], [None]
+def _interrupted_at(n: int, operation: Callable[[], Any]) -> tuple[str, int] | None:
+    """Run `operation` in a thread traced on the lines of walj/integrations/_journals.py and
+    walj/integrations/_session_open.py, and raise KeyboardInterrupt before its n-th line there;
+    the line it landed on (file and number), or None when the operation has fewer lines. A
+    `with` block's normal exit is reported as a line before its `__exit__` runs, where no real
+    interrupt lands (CPython delivers one after the call returns): an interrupt due there goes
+    to the next line."""
+    sources = {path: Path(path).read_text(encoding="utf-8").splitlines()
+               for path in TRACED_FILES}
+    count: list[int] = [0]
+    landed: list[tuple[str, int] | None] = [None]
 
     def tracer(frame: Any, event: str, arg: Any) -> Any:
-        if frame.f_code.co_filename != JOURNALS_FILE:
+        source = sources.get(frame.f_code.co_filename)
+        if source is None:
             return None
         seen: set[int] = set()
 
@@ -374,7 +380,7 @@ def _interrupted_at(n: int, operation: Callable[[], Any]) -> int | None:
                 exiting = line in seen and source[line - 1].strip().startswith("with ")
                 seen.add(line)
                 if count[0] >= n and not exiting:
-                    landed[0] = line
+                    landed[0] = (Path(frame.f_code.co_filename).name, line)
                     sys.settrace(None)
                     raise KeyboardInterrupt
             return local
@@ -396,7 +402,7 @@ def _interrupted_at(n: int, operation: Callable[[], Any]) -> int | None:
     return landed[0]
 
 
-JOURNALS_FILE = _journals_module.__file__
+TRACED_FILES = (_journals_module.__file__, _session_open_module.__file__)
 
 
 def _one_run(journals: SessionJournals[Any]) -> None:
@@ -408,7 +414,7 @@ def _one_run(journals: SessionJournals[Any]) -> None:
 def test_an_interrupt_at_any_line_of_opening_or_closing_leaves_each_journal_whole(
     tmp_path: Path, operation: str
 ) -> None:
-    landed: set[int] = set()
+    landed: set[tuple[str, int]] = set()
     for n in range(1, 500):
         root = tmp_path / str(n)
         before = open_fds()
@@ -445,3 +451,5 @@ def test_an_interrupt_at_any_line_of_opening_or_closing_leaves_each_journal_whol
         assert not again.get(THREAD).journal.closed
         again.close()
     assert len(landed) >= 5, landed
+    if operation not in ("release", "close"):  # each of the others opens one: both files
+        assert {file for file, _ in landed} == {"_journals.py", "_session_open.py"}, landed

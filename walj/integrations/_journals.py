@@ -40,13 +40,12 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import walj
 
+from ._session_open import check_settings, open_session
 from ._sweeper import Sweeper
 
 DEFAULT_IDLE_TIMEOUT = 600.0
 DEFAULT_MAX_OPEN = 1024
 DEFAULT_LOCK_TIMEOUT = 30.0
-# Who asks another process to release a session's journal (the actor of its request).
-RELEASE_ACTOR = "walj-integration"
 # The mark of an entry whose journal agreed to close itself at another process's request.
 _RELEASED = object()
 
@@ -90,18 +89,6 @@ class _Entry(Generic[H]):
         self.gone = threading.Event()  # set once closed and forgotten
 
 
-def check_limits(idle_timeout: float | None, max_open: int, lock_timeout: float) -> None:
-    if idle_timeout is not None and (not isinstance(idle_timeout, (int, float))
-                                     or isinstance(idle_timeout, bool) or not idle_timeout > 0):
-        raise ValueError(f"idle_timeout must be a positive number of seconds or None, not "
-                         f"{idle_timeout!r}")
-    if type(max_open) is not int or max_open < 1:
-        raise ValueError(f"max_open must be a positive int, not {max_open!r}")
-    if (not isinstance(lock_timeout, (int, float)) or isinstance(lock_timeout, bool)
-            or not lock_timeout >= 0):
-        raise ValueError(f"lock_timeout must be a number of seconds >= 0, not {lock_timeout!r}")
-
-
 class SessionJournals(Generic[H]):
     """The journals an integration holds, keyed by session id. Thread-safe."""
 
@@ -109,12 +96,7 @@ class SessionJournals(Generic[H]):
                  options: Mapping[str, Any], idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
                  max_open: int = DEFAULT_MAX_OPEN,
                  lock_timeout: float = DEFAULT_LOCK_TIMEOUT) -> None:
-        check_limits(idle_timeout, max_open, lock_timeout)
-        if "lock_timeout" in options:
-            raise ValueError("pass lock_timeout to the integration, not as a journal option")
-        if "release_on_request" in options:
-            raise ValueError("the integration answers release requests itself; "
-                             "release_on_request is not a journal option here")
+        check_settings(options, idle_timeout, max_open, lock_timeout)
         self._root = os.fspath(root)
         self._make = make
         self._options = dict(options)
@@ -167,43 +149,28 @@ class SessionJournals(Generic[H]):
         with self._lock:
             entry = self._entries.get(session_id)
             if entry is not None and entry.held is held and entry.active > 0:
-                entry.active -= 1
-                entry.used = time.monotonic()
-                self._entries.move_to_end(session_id)
+                self._count(session_id, entry, -1)
 
     def _use(self, session_id: str, runs: int) -> H:
         self.sweep()
         mine: _Entry[H] | None = None
-        released = False
         try:
             while True:
                 with self._lock:
-                    if self._closed:
-                        raise walj.ClosedError("this integration was closed")
-                    entry = self._entries.get(session_id)
-                    if (entry is not None and entry.held is not None and entry.closing is None
-                            and entry.held.journal.closed):
-                        del self._entries[session_id]  # it closed itself: opened again below
-                        entry = None
-                    if entry is not None and entry.closing is _RELEASED:
-                        released = True
-                    elif entry is not None and entry.closing is not None:
-                        waiting = entry.gone  # being closed: opened again once it is
-                    elif entry is not None and entry.held is not None:
-                        entry.active += runs
-                        entry.used = time.monotonic()
-                        self._entries.move_to_end(session_id)
-                        return entry.held
-                    elif entry is None:
+                    entry = self._registered(session_id)
+                    if entry is None:
                         mine = self._entries[session_id] = _Entry()
                         break
-                    else:
-                        waiting = entry.ready
-                if released:
-                    self._forget_released(found=True)  # forgotten: opened again next round
-                    released = False
-                    continue
-                waiting.wait()  # another thread opens it: use what it opened, or try again
+                    if entry.held is not None and entry.closing is None:
+                        self._count(session_id, entry, runs)
+                        return entry.held
+                    waiting = (None if entry.closing is _RELEASED  # forgotten below
+                               else entry.gone if entry.closing is not None  # being closed
+                               else entry.ready)  # another thread opens it
+                if waiting is None:
+                    self._forget_released(found=True)
+                else:
+                    waiting.wait()  # then use what was opened, or open it again
             held = self._open(session_id, mine, runs)
         except BaseException:
             if mine is not None:
@@ -211,6 +178,28 @@ class SessionJournals(Generic[H]):
             raise
         self._evict()
         return held
+
+    def _registered(self, session_id: str) -> _Entry[H] | None:
+        """Under the lock: the session's entry, None when it has none (one whose journal closed
+        itself is dropped here, to be opened again); ClosedError once this holder closed."""
+        self._refuse_closed()
+        entry = self._entries.get(session_id)
+        if (entry is not None and entry.held is not None and entry.closing is None
+                and entry.held.journal.closed):
+            del self._entries[session_id]
+            return None
+        return entry
+
+    def _refuse_closed(self) -> None:
+        if self._closed:
+            raise walj.ClosedError("this integration was closed")
+
+    def _count(self, session_id: str, entry: _Entry[H], runs: int) -> None:
+        """Under the lock: `runs` more runs of the session active (fewer when negative), and
+        it was used now."""
+        entry.active += runs
+        entry.used = time.monotonic()
+        self._entries.move_to_end(session_id)
 
     def _open(self, session_id: str, entry: _Entry[H], runs: int) -> H:
         """Open the session registered (unopened) as `entry`, and make it usable. Whatever
@@ -220,12 +209,9 @@ class SessionJournals(Generic[H]):
             journal = self._open_journal(session_id)
             held = self._make(journal)
             with self._lock:
-                if self._closed:
-                    raise walj.ClosedError("this integration was closed")
+                self._refuse_closed()
                 entry.held = held
-                entry.active += runs
-                entry.used = time.monotonic()
-                self._entries.move_to_end(session_id)
+                self._count(session_id, entry, runs)
             entry.ready.set()
             return held
         except BaseException:
@@ -244,24 +230,9 @@ class SessionJournals(Generic[H]):
         entry.ready.set()
 
     def _open_journal(self, session_id: str) -> walj.ToolJournal:
-        """Open the session's journal; when another process holds it, ask that process to
-        release it, then wait for its lock: `lock_timeout` seconds in all."""
+        """The session's journal, opened to answer release requests through this holder."""
         options = {**self._options, "release_on_request": self._release_gate(session_id)}
-        try:
-            return walj.ToolJournal.open_session(self._root, session_id, **options)
-        except walj.LockedError:
-            if self.lock_timeout == 0:
-                raise
-        deadline = time.monotonic() + self.lock_timeout
-        path = walj.ToolJournal.session_path(self._root, session_id)
-        try:
-            walj.request_release(path, actor=RELEASE_ACTOR, wait=0,
-                                 note=f"process {os.getpid()} waits to open the session")
-        except (walj.WaljError, OSError):
-            pass  # not asked (the request could not be written): the wait is all there is
-        return walj.ToolJournal.open_session(
-            self._root, session_id, lock_timeout=max(0.0, deadline - time.monotonic()),
-            **options)
+        return open_session(self._root, session_id, options, self.lock_timeout)
 
     def _release_gate(self, session_id: str) -> Callable[[], bool]:
         """The journal's answer to a release request (asked under its locks when it is idle):
@@ -390,8 +361,7 @@ class SessionJournals(Generic[H]):
         refuses new turns from now on."""
         self._close_picked(self._refuse_active(session_id, "end"))
         with self._lock:
-            if self._closed:
-                raise walj.ClosedError("this integration was closed")
+            self._refuse_closed()
         if not walj.ToolJournal.session_path(self._root, session_id).exists():
             return  # nothing was ever journaled: nothing to end
         journal: walj.ToolJournal | None = None

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 import walj
 
+from ._shared import blockers_listed
+
 if TYPE_CHECKING:
     from langgraph.prebuilt.tool_node import ToolCallRequest
 
@@ -20,17 +22,20 @@ _ANSWER_SHAPE = {"execution_id": "...", "outcome": "succeeded|failed|not_perform
 
 def payload(done: walj.ToolResult, journal: walj.ToolJournal) -> dict[str, Any]:
     """The interrupt's payload for a call the journal blocked."""
-    output = done.output if isinstance(done.output, Mapping) else {}
-    return _payload_of(journal, done.name, done.call_id,
-                       list(output.get("ambiguous_executions") or []))
+    return _payload_of(journal, done.name, done.call_id, blockers_listed(done))
 
 
 def payload_before(journal: walj.ToolJournal, name: str, call_id: str) -> dict[str, Any]:
     """The interrupt's payload for a call not dispatched yet, while the journal blocks."""
-    return _payload_of(journal, name, call_id, [
-        {"execution_id": b.execution_id, "tool": b.tool, "call_id": b.call_id,
-         "state": b.state, "turn_sequence": b.turn_sequence}
-        for b in journal.recovery.blockers])
+    return _payload_of(journal, name, call_id,
+                       [listed_blocker(b) for b in journal.recovery.blockers])
+
+
+def listed_blocker(blocker: walj.Blocker) -> dict[str, Any]:
+    """A blocker as a blocked call's `output["ambiguous_executions"]` lists it."""
+    return {"execution_id": blocker.execution_id, "tool": blocker.tool,
+            "call_id": blocker.call_id, "state": blocker.state,
+            "turn_sequence": blocker.turn_sequence}
 
 
 def _payload_of(journal: walj.ToolJournal, name: str, call_id: str,

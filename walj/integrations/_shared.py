@@ -1,6 +1,6 @@
-"""What the integrations share: reading SDK objects and dicts alike, a tool's answer as the
-text a provider's tool result carries, and the answer to a blocked call (for the model) beside
-the log line about it (for the developer)."""
+"""What the integrations share: reading SDK objects and dicts alike (a tool call's name and
+id), a tool's answer as the text a provider's tool result carries, and the answer to a blocked
+call (for the model) beside the log line about it (for the developer)."""
 
 from __future__ import annotations
 
@@ -26,6 +26,18 @@ def field(value: Any, key: str) -> Any:
     if isinstance(value, Mapping):
         return value.get(key)
     return getattr(value, key, None)
+
+
+def named_call(item: Any, index: int, what: str, id_key: str) -> tuple[str, str]:
+    """(tool name, call id) of the `index`-th tool call of a provider's message (`what`: its
+    kind, for the message); ValueError when either is missing or empty."""
+    call_id = field(item, id_key)
+    if not isinstance(call_id, str) or not call_id:
+        raise ValueError(f"{what} {index} has no {id_key}: {item!r:.200}")
+    name = field(item, "name")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{what} {index} has no tool name: {item!r:.200}")
+    return name, call_id
 
 
 def output_text(output: Any) -> str:
@@ -60,16 +72,21 @@ def check_blocked_message(option: Any) -> BlockedMessage:
                     f"walj.ToolResult returning one, or None, not {type(option).__name__}")
 
 
+def blockers_listed(done: walj.ToolResult) -> list[Any]:
+    """What blocks a blocked call, as its result lists it (`output["ambiguous_executions"]`)."""
+    output = done.output if isinstance(done.output, Mapping) else {}
+    return list(output.get("ambiguous_executions") or [])
+
+
 def blocked_answer(done: walj.ToolResult, option: BlockedMessage,
                    journal: walj.ToolJournal | None = None) -> str:
     """What the model is told of a call the journal blocked: `option`'s text, else walj's.
     The developer is told what to do on the "walj.integrations" logger (a warning naming the
     journal and each execution or turn in doubt)."""
-    output = done.output if isinstance(done.output, Mapping) else {}
     doubts = [
         f"turn {b.get('turn_sequence')}" if b.get("state") == "interrupted_turn"
         else f"execution {b.get('execution_id')} ({b.get('tool')!r}, call {b.get('call_id')!r})"
-        for b in output.get("ambiguous_executions") or [] if isinstance(b, Mapping)]
+        for b in blockers_listed(done) if isinstance(b, Mapping)]
     LOGGER.warning(
         "walj blocked tool %r (call %r) in journal %s: in doubt: %s. Resolve each "
         "(journal.resolve / journal.resolve_turn, or `walj resolve PATH ID`) once a person knows "

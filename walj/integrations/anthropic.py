@@ -24,7 +24,7 @@ from typing import Any
 import walj
 
 from ._require import require
-from ._shared import blocked_message, field, output_text
+from ._shared import blocked_message, field, named_call, output_text
 
 require("anthropic", "anthropic")
 
@@ -72,14 +72,9 @@ def _blocks(content: Any) -> Sequence[Any]:
 
 
 def _call(block: Any, index: int) -> dict[str, Any]:
-    block_id = field(block, "id")
-    if not isinstance(block_id, str) or not block_id:
-        raise ValueError(f"tool_use block {index} has no id: {block!r:.200}")
-    name = field(block, "name")
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"tool_use block {index} has no tool name: {block!r:.200}")
-    return {"name": name, "call_id": block_id, "arguments": _model_arguments(field(block,
-                                                                                   "input"))}
+    name, block_id = named_call(block, index, "tool_use block", "id")
+    return {"name": name, "call_id": block_id,
+            "arguments": _model_arguments(field(block, "input"))}
 
 
 def _model_arguments(value: Any) -> Any:

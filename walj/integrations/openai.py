@@ -26,7 +26,7 @@ from typing import Any
 import walj
 
 from ._require import require
-from ._shared import blocked_message, field, output_text
+from ._shared import blocked_message, field, named_call, output_text
 
 require("openai", "openai")
 
@@ -75,12 +75,7 @@ def _items(items: Any) -> Sequence[Any]:
 
 
 def _call(item: Any, index: int) -> dict[str, Any]:
-    call_id = field(item, "call_id")
-    if not isinstance(call_id, str) or not call_id:
-        raise ValueError(f"function_call item {index} has no call_id: {item!r:.200}")
-    name = field(item, "name")
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"function_call item {index} has no tool name: {item!r:.200}")
+    name, call_id = named_call(item, index, "function_call item", "call_id")
     return {"name": name, "call_id": call_id, "arguments": field(item, "arguments")}
 
 

@@ -28,7 +28,7 @@ import walj
 
 from ._journals import DEFAULT_IDLE_TIMEOUT, DEFAULT_LOCK_TIMEOUT, DEFAULT_MAX_OPEN, SessionJournals
 from ._require import require
-from ._shared import BlockedMessage, blocked_answer, check_blocked_message
+from ._shared import BlockedMessage, blocked_answer, blockers_listed, check_blocked_message
 
 require("pydantic_ai", "pydantic-ai")  # first: a missing extra is named, not a bare import
 
@@ -320,12 +320,11 @@ class WaljCapability(AbstractCapability[Any]):
         if done.outcome == "blocked":
             message = blocked_answer(done, self._blocked_message, journal)
             if self.on_blocked == "defer":
-                output = done.output if isinstance(done.output, Mapping) else {}
                 raise CallDeferred(metadata={METADATA_KEY: {
                     "execution_id": done.execution_id,
                     "call_id": done.call_id,
                     "message": message,
-                    "blockers": list(output.get("ambiguous_executions") or []),
+                    "blockers": blockers_listed(done),
                 }})
             raise ToolFailed(message)
         if done.outcome == "ok":
