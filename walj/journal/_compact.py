@@ -46,15 +46,14 @@ class CompactReport:
 def _settling(core: Core) -> dict[str, tuple[dict[str, Any], int]]:
     """With write_lock held: each settled call's settling record and its seq, read back from
     the log in one pass from the oldest (a checkpoint part, for calls a checkpoint carried)."""
-    with core.lock:
-        wanted: dict[int, list[str]] = {}
-        for call_id, (_, seq) in core.state.calls.settled.items():
-            wanted.setdefault(seq, []).append(call_id)
+    wanted: dict[int, list[str]] = {}
+    for call_id, (_, seq) in core.view(lambda s: list(s.calls.settled.items())):
+        wanted.setdefault(seq, []).append(call_id)
     found: dict[str, tuple[dict[str, Any], int]] = {}
     if not wanted:
         return found
     records = cast("Generator[Record, None, None]",
-                   read(core.log.path, min(wanted), **core.read_options))
+                   read(core.log.path, min(wanted), **core.options.read_options))
     try:
         for record in records:
             call_ids = wanted.pop(record.seq, None)
@@ -81,10 +80,11 @@ def checkpoint(core: Core) -> int:
     """Write a checkpoint of the journal's state at the start of a new segment, each part
     durable, and return the seq of its first record. RecordTooLargeError, nothing written,
     when an item (an open execution with large stored arguments) cannot fit a record."""
-    with core.write_lock:
+    with core.writing():
         core.check_open()
-        core.write_settlements()
-        parts = build_parts(core.state, _settling(core), core.record_limit, last_activity(core))
+        core.write_queued()
+        parts = build_parts(core.state, _settling(core), core.options.record_limit,
+                            last_activity(core))
         core.log.rotate()  # so the checkpoint begins a segment, where an open looks for it
         first = 0
         for part in parts:
@@ -102,7 +102,7 @@ def last_activity(core: Core) -> float:
     if core.log.last_seq < 1:
         return now
     records = cast("Generator[Record, None, None]",
-                   read(core.log.path, core.log.last_seq, **core.read_options))
+                   read(core.log.path, core.log.last_seq, **core.options.read_options))
     try:
         last = next(records, None)
     finally:
@@ -117,18 +117,29 @@ def end_idle(core: Core, idle_since: float) -> int | None:
     `idle_since`, its `session_ended` carrying that time instead of now (retention ending an
     idle session must not make it look younger). Returns the log's last seq once ended; None,
     nothing written, when the session is not idle. `core`: an open ToolJournal's."""
-    with core.write_lock:
+    with core.writing():
         at = last_activity(core)
         if at > idle_since:
             return None
-        core.end_session(at)
+        end_session(core, at)
         return core.log.last_seq
+
+
+def end_session(core: Core, at: float | None = None) -> None:
+    """Write session_ended (durable) unless it is there, then close sealing the log. `at`:
+    the record's time when it is not now (an end written as upkeep)."""
+    with core.writing():
+        core.check_between_turns("the session")
+        if core.state.ended_seq is None:
+            core.write_queued()
+            core.write(_writes.session_ended_record(at), durable=True)
+    core.close()
 
 
 def checkpoint_if_due(core: Core) -> None:
     """Before a turn starts: a checkpoint once `checkpoint_every` records were written since
     the last one. One whose item cannot fit a record is skipped (the next turn tries again)."""
-    every = core.checkpoint_every
+    every = core.options.checkpoint_every
     if every is None or core.state.records - core.state.checkpointed_records < every:
         return
     try:
@@ -147,7 +158,7 @@ def compact(core: Core, keep_turns: int, archive: str | os.PathLike[str] | None,
                          f"{keep_turns!r}")
     if archive is not None and not _archiver:
         raise WaljError("compact(archive=...) needs walj.archive, which `import walj` loads")
-    with core.write_lock:
+    with core.writing():
         core.check_between_turns("compacting")
         first = checkpoint(core)
         keep_from = first

@@ -12,7 +12,7 @@ from types import MappingProxyType, TracebackType
 from typing import Any
 
 from ..errors import UnknownToolError, WaljError
-from . import _compact, _requests, _resolve
+from . import _compact, _requests, _resolve, _writes
 from ._callindex import DEFAULT_REPLAY_WINDOW
 from ._compact import CompactReport
 from ._core import Core
@@ -28,6 +28,7 @@ from ._fingerprint import (
 from ._llm import LLMCall
 from ._observe import ToolObserver, check_observers
 from ._opening import open_log
+from ._options import Options
 from ._recovery import Recovery, Resolution
 from ._sessions import check_session_id, directory_name
 from ._tools import Tool, error_result, invoke, lookup, normalise_calls, tools_from
@@ -112,24 +113,24 @@ class ToolJournal:
         redactor = Redactor(redact_keys)
         log, state = open_log(path, replay_window, log_options)
         try:
-            core = Core(
-                log, state, registry,
+            core = Core(log, state, Options(
+                registry,
                 arguments_chars=preview_chars,
                 output_chars=output_preview_chars,
                 redactor=redactor,
                 store_arguments=bool(store_arguments),
                 block_on_pending_llm_calls=bool(block_on_pending_llm_calls),
                 stored_output_limit=stored_output_limit,
-                read_options={"_fs": log_options["_fs"]} if log_options.get("_fs") else None,
+                read_options={"_fs": log_options["_fs"]} if log_options.get("_fs") else {},
                 record_limit=log_options.get("max_record_bytes", DEFAULT_MAX_RECORD_BYTES),
                 checkpoint_every=checkpoint_every,
-            )
+                release_on_request=(release_on_request if callable(release_on_request)
+                                    else bool(release_on_request)),
+            ))
             core.observers = watching
-            core.release_on_request = (release_on_request if callable(release_on_request)
-                                       else bool(release_on_request))
             core.before_turn = functools.partial(_compact.checkpoint_if_due, core)
             if log_options.get("recovery") != "salvage":
-                core.record_cuts()
+                _resolve.record_cuts(core)
                 _resolve.settle_automatically(core)
                 _requests.watch(core)  # what other processes asked while none held it
             return cls(core)
@@ -152,7 +153,7 @@ class ToolJournal:
         journal = cls.open(path, **options)
         try:
             if options.get("recovery") != "salvage":
-                journal._core.name_session(session_id)
+                journal._name_session(session_id)
             return journal
         except BaseException:
             try:
@@ -160,6 +161,19 @@ class ToolJournal:
             except WaljError:
                 pass  # the exception in flight says more
             raise
+
+    def _name_session(self, session_id: str) -> None:
+        """Record the session id once (session_named); a journal recorded under another id is
+        refused with ValueError, so two ids can never share one journal unnoticed."""
+        core = self._core
+        with core.writing():
+            core.check_open()
+            recorded = core.state.session_id
+            if recorded is None:
+                core.write(_writes.session_named(session_id), durable=True)
+            elif recorded != session_id:
+                raise ValueError(f"the journal in {str(self._log.path)!r} belongs to session "
+                                 f"{recorded!r}, not {session_id!r}")
 
     @staticmethod
     def session_path(root: str | os.PathLike[str], session_id: str) -> Path:
@@ -186,36 +200,36 @@ class ToolJournal:
 
     @property
     def tools(self) -> Mapping[str, Tool]:
-        return MappingProxyType(dict(self._core.tools))
+        return MappingProxyType(dict(self._core.options.tools))
 
     @property
     def arguments_chars(self) -> int:
-        return self._core.arguments_chars
+        return self._core.options.arguments_chars
 
     @property
     def output_chars(self) -> int:
-        return self._core.output_chars
+        return self._core.options.output_chars
 
     @property
     def redactor(self) -> Redactor:
-        return self._core.redactor
+        return self._core.options.redactor
 
     @property
     def store_arguments(self) -> bool:
-        return self._core.store_arguments
+        return self._core.options.store_arguments
 
     @property
     def block_on_pending_llm_calls(self) -> bool:
-        return self._core.block_on_pending_llm_calls
+        return self._core.options.block_on_pending_llm_calls
 
     @property
     def store_outputs(self) -> bool:
-        return self._core.stored_output_limit is not None
+        return self._core.options.stored_output_limit is not None
 
     @property
     def max_stored_output_bytes(self) -> int | None:
         """The largest output (JSON bytes) a terminal record stores; None without store_outputs."""
-        return self._core.stored_output_limit
+        return self._core.options.stored_output_limit
 
     @property
     def replay_window(self) -> int:
@@ -240,10 +254,6 @@ class ToolJournal:
         state = "closed" if self._core.closed else "open"
         return f"<walj.ToolJournal {self._log.path!r} {state}>"
 
-    def write_settlements(self) -> None:
-        """Write queued settlements now (from a worker thread); errors stay queued or poison."""
-        self._core.write_settlements()
-
     # --- turns and LLM calls --------------------------------------------------------------------
 
     def turn(self) -> Turn:
@@ -252,7 +262,7 @@ class ToolJournal:
         return Turn(self._core)
 
     def _live_turn(self) -> Turn | None:
-        live = self._core.live_turn
+        live = self._core.live_turn()
         return live if isinstance(live, Turn) else None
 
     # --- observers ------------------------------------------------------------------------------
@@ -265,26 +275,29 @@ class ToolJournal:
         """Tell `observer` of every execution that starts and every resolution from now on.
         TypeError if it lacks a hook; ValueError if it was added already."""
         (checked,) = check_observers((observer,))
-        core = self._core
-        with core.lock:  # a new tuple: a dispatch under way keeps the one it started with
-            if any(o is checked for o in core.observers):
+
+        def added(observers: tuple[ToolObserver, ...]) -> tuple[ToolObserver, ...]:
+            if any(o is checked for o in observers):
                 raise ValueError(f"observer {type(checked).__name__} was already added")
-            core.observers = (*core.observers, checked)
+            return (*observers, checked)
+
+        self._core.replace_observers(added)
 
     def remove_observer(self, observer: ToolObserver) -> None:
         """Stop telling `observer`; a dispatch under way still ends with it. ValueError if it
         was not added."""
-        core = self._core
-        with core.lock:
-            if not any(o is observer for o in core.observers):
+        def removed(observers: tuple[ToolObserver, ...]) -> tuple[ToolObserver, ...]:
+            if not any(o is observer for o in observers):
                 raise ValueError(f"observer {type(observer).__name__} was not added")
-            core.observers = tuple(o for o in core.observers if o is not observer)
+            return tuple(o for o in observers if o is not observer)
+
+        self._core.replace_observers(removed)
 
     def llm_call(self, *, model: str | None = None, request: Any = None) -> LLMCall:
         """`with journal.llm_call(model=..., request=...) as call:` then `call.finish(response)`.
         An interrupt leaves it pending; pending calls are reported on open."""
         self._core.check_not_ended()
-        live = self._core.live_turn
+        live = self._core.live_turn()
         return LLMCall(self._core, live.sequence if live is not None else None, model, request)
 
     def handle_function_calls(
@@ -298,7 +311,7 @@ class ToolJournal:
         core = self._core
         core.check_open()
         normalised = normalise_calls(calls, lambda arguments: describe_arguments(
-            arguments, core.arguments_chars, core.redactor, FAST_CANONICAL))
+            arguments, core.options.arguments_chars, core.options.redactor, FAST_CANONICAL))
         live = self._live_turn()
         if live is not None:
             return self._run_calls(live, normalised, registry)
@@ -312,7 +325,7 @@ class ToolJournal:
                 results.append(error_result(call, index, call.problem))
                 continue
             tool = lookup(registry, call.name) if registry is not None else (
-                self._core.tools.get(call.name))
+                self._core.options.tools.get(call.name))
             if tool is None:
                 results.append(error_result(call, index, f"unknown tool {call.name!r}"))
                 continue
@@ -382,7 +395,7 @@ class ToolJournal:
         if self._core.closed and self._core.state.ended_seq is not None:
             self._core.close()  # finishes a close an interrupt stopped; else does nothing
             return
-        self._core.end_session()
+        _compact.end_session(self._core)
 
     @property
     def ended(self) -> bool:

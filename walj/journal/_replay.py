@@ -3,12 +3,15 @@ that settled it, or refused, durably, and its handler is never run again."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Generator
+from typing import Any, cast
 
 from ..errors import CorruptionError
+from ..log import Record, read
 from . import _records as rc
 from . import _writes
 from ._callindex import Forgotten
+from ._checkpoint import settling_record
 from ._core import Core
 from ._tools import ToolContext, ToolResult
 
@@ -25,8 +28,7 @@ _NOT_STORED_WHY = {
 def may_answer(core: Core, call_id: str) -> bool:
     """Quick, without the write lock (an event loop may ask): whether `answer` may find the
     call id settled. False is final for this dispatch; `answer` decides the rest."""
-    with core.lock:
-        return core.state.calls.find(call_id) is not None
+    return core.view(lambda state: state.calls.find(call_id)) is not None
 
 
 def answer(core: Core, context: ToolContext, arguments: dict[str, Any]) -> ToolResult | None:
@@ -34,11 +36,10 @@ def answer(core: Core, context: ToolContext, arguments: dict[str, Any]) -> ToolR
     has settled, with its durable record written; None when the call id is not settled (the
     dispatch then goes on: the blocked check, the intent, the handler). One step under the
     write lock, so the state takes the record as a reopen would."""
-    with core.write_lock:
+    with core.writing():
         core.check_open()
-        core.write_settlements()
-        with core.lock:
-            found = core.state.calls.find(context.call_id)
+        core.write_queued()
+        found = core.view(lambda state: state.calls.find(context.call_id))
         if found is None:
             return None
         call = repr(context.call_id)
@@ -47,7 +48,7 @@ def answer(core: Core, context: ToolContext, arguments: dict[str, Any]) -> ToolR
                 f"call id {call} may have been settled before this journal's replay window "
                 f"(its last {found.window} settled calls), so its outcome cannot be answered; "
                 "walj does not run it again. Use a new call id for a new call."))
-        settling, settled_seq = core.read_settling(found.seq, context.call_id)
+        settling, settled_seq = _read_settling(core, found.seq, context.call_id)
         settled_id = settling.get("execution_id")
         if not isinstance(settled_id, str):
             raise CorruptionError(f"journal record {found.seq} names no execution", seq=found.seq,
@@ -72,6 +73,29 @@ def answer(core: Core, context: ToolContext, arguments: dict[str, Any]) -> ToolR
 
 
 _NOT_STORED: Any = object()
+
+
+def _read_settling(core: Core, seq: int, call_id: str) -> tuple[dict[str, Any], int]:
+    """The record that settled `call_id`, which the replay index says is at `seq`, and its
+    own seq: itself, or the copy a checkpoint part at `seq` carries."""
+    # Closed here, not left to the garbage collector, where an interrupt in its cleanup
+    # would be swallowed.
+    records = cast("Generator[Record, None, None]",
+                   read(core.log.path, seq, **core.options.read_options))
+    try:
+        record = next(records, None)
+    finally:
+        records.close()
+    if record is None or record.seq != seq or not isinstance(record.data, dict):
+        raise CorruptionError(f"journal record {seq} could not be read back", seq=seq,
+                              kind="journal_record")
+    if record.data.get("kind") != rc.CHECKPOINT:
+        return record.data, seq
+    carried = settling_record(record.data, call_id)
+    if carried is None:
+        raise CorruptionError(f"checkpoint record {seq} does not carry call id "
+                              f"{call_id!r}", seq=seq, kind="journal_record")
+    return carried
 
 
 def _outcome(settling: dict[str, Any]) -> tuple[str, Any, str | None]:
