@@ -11,7 +11,7 @@ from pathlib import Path
 from types import MappingProxyType, TracebackType
 from typing import Any
 
-from ..errors import UnknownToolError, WaljError
+from ..errors import WaljError
 from . import _compact, _requests, _resolve, _writes
 from ._callindex import DEFAULT_REPLAY_WINDOW
 from ._compact import CompactReport
@@ -31,7 +31,7 @@ from ._opening import open_log
 from ._options import Options
 from ._recovery import Recovery, Resolution
 from ._sessions import check_session_id, directory_name
-from ._tools import Tool, error_result, invoke, lookup, normalise_calls, tools_from
+from ._tools import Call, Tool, error_result, invoke, lookup, normalise_calls, tools_from
 from ._turn import Turn
 
 DEFAULT_MAX_STORED_OUTPUT_BYTES = 64 * 1024
@@ -312,26 +312,18 @@ class ToolJournal:
         core.check_open()
         normalised = normalise_calls(calls, lambda arguments: describe_arguments(
             arguments, core.options.arguments_chars, core.options.redactor, FAST_CANONICAL))
+        def find(name: str) -> Tool | None:
+            return lookup(registry, name) if registry is not None else core.options.tools.get(name)
+
+        def run(turn: Turn) -> list[dict[str, Any]]:
+            return _results(normalised, find, lambda call, index, tool: turn._dispatch(
+                call.name, call.arguments, call.call_id, tool, call.digest).as_dict())
+
         live = self._live_turn()
         if live is not None:
-            return self._run_calls(live, normalised, registry)
+            return run(live)
         with self.turn() as turn:
-            return self._run_calls(turn, normalised, registry)
-
-    def _run_calls(self, turn: Turn, calls: list[Any], registry: Any) -> list[dict[str, Any]]:
-        results: list[dict[str, Any]] = []
-        for index, call in enumerate(calls):
-            if call.problem is not None:
-                results.append(error_result(call, index, call.problem))
-                continue
-            tool = lookup(registry, call.name) if registry is not None else (
-                self._core.options.tools.get(call.name))
-            if tool is None:
-                results.append(error_result(call, index, f"unknown tool {call.name!r}"))
-                continue
-            result = turn._dispatch(call.name, call.arguments, call.call_id, tool, call.digest)
-            results.append(result.as_dict())
-        return results
+            return run(turn)
 
     # --- resolution -----------------------------------------------------------------------------
 
@@ -422,22 +414,29 @@ def handle_function_calls(
     without one, handlers are simply called and exceptions become errors."""
     if journal is not None:
         return journal.handle_function_calls(calls, registry)
-    normalised = normalise_calls(calls)
-    results: list[dict[str, Any]] = []
-    for index, call in enumerate(normalised):
-        if call.problem is not None:
-            results.append(error_result(call, index, call.problem))
-            continue
-        tool = lookup(registry, call.name)
-        if tool is None:
-            results.append(error_result(call, index, str(UnknownToolError(
-                f"unknown tool {call.name!r}"))))
-            continue
+
+    def run(call: Call, index: int, tool: Tool) -> dict[str, Any]:
         entry = error_result(call, index, "")
         try:
             entry["output"] = invoke(tool, call.arguments, None)
             entry["error"] = None
         except Exception as exc:
             entry["error"] = describe_error(exc)
-        results.append(entry)
+        return entry
+
+    return _results(normalise_calls(calls), lambda name: lookup(registry, name), run)
+
+
+def _results(calls: list[Call], find: Callable[[str], Tool | None],
+             run: Callable[[Call, int, Tool], dict[str, Any]]) -> list[dict[str, Any]]:
+    """One result dict per call: an error for a call that could not be read or names no
+    tool, else what `run` made of it."""
+    results: list[dict[str, Any]] = []
+    for index, call in enumerate(calls):
+        if call.problem is not None:
+            results.append(error_result(call, index, call.problem))
+        elif (tool := find(call.name)) is None:
+            results.append(error_result(call, index, f"unknown tool {call.name!r}"))
+        else:
+            results.append(run(call, index, tool))
     return results

@@ -16,8 +16,6 @@ from ._fingerprint import Digest
 from ._recovery import Blocker
 
 ON_AMBIGUOUS = ("fail", "assume_done", "rerun")
-OUTCOMES = ("ok", "error", "cancelled", "blocked", "refused")
-RESULT_KEYS = ("name", "call_id", "arguments", "output", "error")
 
 Reconcile = Callable[[Blocker], "str | None"]
 
