@@ -22,14 +22,9 @@ if TYPE_CHECKING:
     from ._core import Core
 
 # Ships a session's sealed segments to an archive URL and returns the names of those whose
-# archived copy was read back whole and matched: set by walj.archive when it is imported (it
-# lies above the journal, which never imports it).
+# archived copy was read back whole and matched (walj.archive's, which lies above the journal:
+# the journal never imports it, the caller passes it).
 Archiver = Callable[[str, str, "dict[str, Any] | None"], "set[str]"]
-_archiver: list[Archiver] = []
-
-
-def register_archiver(archiver: Archiver) -> None:
-    _archiver[:] = [archiver]
 
 
 @dataclass(frozen=True)
@@ -149,14 +144,15 @@ def checkpoint_if_due(core: Core) -> None:
 
 
 def compact(core: Core, keep_turns: int, archive: str | os.PathLike[str] | None,
-            storage_options: dict[str, Any] | None) -> CompactReport:
+            storage_options: dict[str, Any] | None, archiver: Archiver | None) -> CompactReport:
     """Checkpoint, then drop every sealed segment before the checkpoint that holds none of
     the last `keep_turns` turns' records. With `archive`, every segment to drop is first
-    shipped and its copy verified; one that was not is kept, with the ones after it."""
+    shipped by `archiver` and its copy verified; one that was not is kept, with the ones
+    after it."""
     if type(keep_turns) is not int or not 0 <= keep_turns <= MAX_KEEP_TURNS:
         raise ValueError(f"keep_turns must be an int from 0 to {MAX_KEEP_TURNS}, not "
                          f"{keep_turns!r}")
-    if archive is not None and not _archiver:
+    if archive is not None and archiver is None:
         raise WaljError("compact(archive=...) needs walj.archive, which `import walj` loads")
     with core.writing():
         core.check_between_turns("compacting")
@@ -169,9 +165,9 @@ def compact(core: Core, keep_turns: int, archive: str | os.PathLike[str] | None,
                          else core.log.first_seq)
         verified: set[str] = set()
         url = None
-        if archive is not None:
+        if archive is not None and archiver is not None:  # one without the other was refused
             url = os.fspath(archive)
-            verified = _archiver[0](os.fspath(core.log.path), url, storage_options)
+            verified = archiver(os.fspath(core.log.path), url, storage_options)
             keep_from = min(keep_from, _first_unarchived(core, verified))
         dropped = 0
         try:

@@ -1,5 +1,5 @@
 """ToolJournal, the public face of a journal: opening (one-pass rebuild, then automatic
-settlement), its recovery view, turns, LLM calls, function calls, resolution and closing. Its
+resolution), its recovery view, turns, LLM calls, function calls, resolution and closing. Its
 state and writes live in its Core."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType, TracebackType
-from typing import Any
+from typing import Any, ClassVar
 
 from ..errors import WaljError
 from . import _compact, _requests, _resolve, _writes
 from ._callindex import DEFAULT_REPLAY_WINDOW
-from ._compact import CompactReport
+from ._compact import Archiver, CompactReport
 from ._core import Core
 from ._fingerprint import (
     ARGUMENTS_PREVIEW_CHARS,
@@ -56,6 +56,10 @@ def _stored_output_limit(wanted: int, preview_chars: int, max_record_bytes: Any)
 class ToolJournal:
     """Crash-safe tool execution over one walj log. Open with `ToolJournal.open`."""
 
+    # How `compact(archive=...)` ships segments: walj.archive's, given by the package above
+    # both layers (walj/__init__.py), since the journal never imports the archive.
+    archiver: ClassVar[Archiver | None] = None
+
     def __init__(self, core: Core) -> None:
         self._core = core
         self._log = core.log
@@ -88,7 +92,7 @@ class ToolJournal:
         so a re-dispatch of its call id can be answered from it (docs/RECOVERY.md, "Replay").
         `replay_window`: how many settled caller-given call ids the journal indexes.
         `observers` (walj.journal.ToolObserver) are told of every execution and resolution from
-        then on, those settlements included (docs/RECOVERY.md, "Observers").
+        then on, those automatic resolutions included (docs/RECOVERY.md, "Observers").
         `checkpoint_every`: before a turn starts, write a checkpoint once this many records
         were written since the last (None: only `checkpoint()` and `compact()` write them).
         The open replays from the last complete checkpoint (docs/RECOVERY.md, "Checkpoints").
@@ -131,7 +135,7 @@ class ToolJournal:
             core.before_turn = functools.partial(_compact.checkpoint_if_due, core)
             if log_options.get("recovery") != "salvage":
                 _resolve.record_cuts(core)
-                _resolve.settle_automatically(core)
+                _resolve.resolve_automatically(core)
                 _requests.watch(core)  # what other processes asked while none held it
             return cls(core)
         except BaseException:
@@ -369,7 +373,8 @@ class ToolJournal:
         its copy read back and verified; one that was not is kept. An unresolved blocker is
         never lost: the checkpoint carries it. Refused while a turn is live (TurnError)."""
         self._core.check_open()
-        return _compact.compact(self._core, keep_turns, archive, storage_options)
+        return _compact.compact(self._core, keep_turns, archive, storage_options,
+                                type(self).archiver)
 
     # --- closing --------------------------------------------------------------------------------
 

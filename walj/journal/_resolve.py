@@ -86,17 +86,17 @@ def resolve(core: Core, execution_id: Any, outcome: Any, *, note: Any, actor: An
     if outcome == "failed" and not (note and note.strip()):
         raise ResolutionError("a 'failed' resolution needs a note saying what failed",
                               reason="note_required")
-    return settle(core, execution_id, outcome, note=note, actor=actor, output=output,
-                  request=request)
+    return write_resolution(core, execution_id, outcome, note=note, actor=actor,
+                            output=output, request=request)
 
 
-def settle(core: Core, execution_id: Any, outcome: str, *, note: str | None,
+def write_resolution(core: Core, execution_id: Any, outcome: str, *, note: str | None,
            actor: str, output: Any = None, request: Request | None = None) -> Resolution:
     """Write the durable resolution of an open execution or LLM call, or refuse."""
     if not isinstance(execution_id, str) or not execution_id:
         raise ResolutionError(f"unknown execution id {execution_id!r}", reason="unknown")
     # One resolution at a time, so two racing resolvers cannot both pass the check; under the
-    # write lock, after the queued settlements, so a terminal record already decided wins.
+    # write lock, after the queued records, so a terminal record already decided wins.
     with core.resolving(), core.writing():
         core.write_queued()
         if core.in_flight(execution_id):
@@ -205,9 +205,9 @@ def record_cuts(core: Core) -> None:
             core.write(record, durable=True)
 
 
-def settle_automatically(core: Core) -> None:
+def resolve_automatically(core: Core) -> None:
     """On open: each interrupted execution of a registered tool asks the tool's reconcile hook,
-    then its on_ambiguous policy. Every settlement is a durable resolution with its actor."""
+    then its on_ambiguous policy. Each answer is a durable resolution with its actor."""
     for blocker in core.state.snapshot().blockers:
         tool = core.options.tools.get(blocker.tool or "")
         if tool is None or blocker.execution_id is None or blocker.state not in (
@@ -221,14 +221,14 @@ def settle_automatically(core: Core) -> None:
                 core.write(_writes.reconcile_failed(eid, name, exc), durable=False)
                 continue
             if verdict is not None:
-                settle(core, eid, verdict, actor=f"reconcile:{name}",
+                write_resolution(core, eid, verdict, actor=f"reconcile:{name}",
                        note=f"the reconcile hook of {name!r} answered {verdict!r}")
                 continue
         if tool.on_ambiguous == "assume_done":
-            settle(core, eid, "succeeded", actor="policy",
+            write_resolution(core, eid, "succeeded", actor="policy",
                    note=f"on_ambiguous='assume_done' for tool {name!r}")
         elif tool.on_ambiguous == "rerun":
-            settle(core, eid, "rerun", actor="policy",
+            write_resolution(core, eid, "rerun", actor="policy",
                    note=f"on_ambiguous='rerun' for tool {name!r}: safe to dispatch again")
 
 
