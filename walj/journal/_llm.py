@@ -3,14 +3,13 @@ interrupt leaves the call pending, and pending calls are reported on open."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 from types import TracebackType
 from typing import Any
 
 from ..errors import TurnError
 from . import _writes
-from ._aio import in_worker, run_through
+from ._brackets import step, step_in_worker
 from ._core import Core
 from ._fingerprint import FAST_CANONICAL, describe_output
 from ._slots import LLMSlot
@@ -40,13 +39,14 @@ class LLMCall:
         """Keep the response: its fingerprint and preview go into llm_call_finished."""
         self.response = response
 
-    def _started(self) -> None:
+    def _started(self) -> LLMCall:
         core = self._core
         digest = None if self.request is None else describe_output(
             self.request, core.options.arguments_chars, core.options.redactor, FAST_CANONICAL)
         record = _writes.llm_started(self.llm_call_id, self.turn_sequence, self.model, digest,
                                      core.options.block_on_pending_llm_calls)
         core.start_llm(self._slot, record)
+        return self
 
     def _leave(self) -> None:
         """Not in flight any more, in this process; idempotent."""
@@ -70,36 +70,17 @@ class LLMCall:
 
     def __enter__(self) -> LLMCall:
         self._enter_once()
-        try:
-            self._started()
-            return self
-        except BaseException:
-            self._leave()
-            raise
+        return step(self._started, self._leave)
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        try:
-            self._finished(exc)
-        except BaseException:
-            self._leave()
-            raise
+        step(self._finished, self._leave, exc)
 
     async def __aenter__(self) -> LLMCall:
         self._enter_once()
-        try:
-            await in_worker(self._started)
-            return self
-        except BaseException:
-            self._leave()
-            raise
+        return await step_in_worker(self._started, self._leave)
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
-        try:
-            await in_worker(self._finished, exc)
-        except BaseException:
-            self._leave()
-            # As a turn's exit: llm_call_finished may be in a worker's write right now.
-            await run_through(asyncio.get_running_loop(), self._core.write_queued)
-            raise
+        # As a turn's exit: llm_call_finished may be in a worker's write right now.
+        await step_in_worker(self._finished, self._leave, exc, then=self._core.write_queued)
