@@ -38,15 +38,18 @@ class CompactReport:
     archive_url: str | None = None
 
 
-def _settling(core: Core) -> dict[str, tuple[dict[str, Any], int]]:
-    """With write_lock held: each settled call's settling record and its seq, read back from
-    the log in one pass from the oldest (a checkpoint part, for calls a checkpoint carried)."""
+def settling_records(core: Core, settled: list[tuple[str, int]]
+                     ) -> dict[str, tuple[dict[str, Any], int]]:
+    """For each (call id, seq) of the replay index, the record that settled the call and its
+    own seq (a checkpoint part at seq carries those a checkpoint kept), read back from the
+    log in one pass from the oldest. CorruptionError when one cannot be read back."""
     wanted: dict[int, list[str]] = {}
-    for call_id, (_, seq) in core.view(lambda s: list(s.calls.settled.items())):
+    for call_id, seq in settled:
         wanted.setdefault(seq, []).append(call_id)
     found: dict[str, tuple[dict[str, Any], int]] = {}
     if not wanted:
         return found
+    last = max(wanted)
     records = cast("Generator[Record, None, None]",
                    read(core.log.path, min(wanted), **core.options.read_options))
     try:
@@ -60,15 +63,21 @@ def _settling(core: Core) -> dict[str, tuple[dict[str, Any], int]]:
                             found[call_id] = carried
                     else:
                         found[call_id] = (record.data, record.seq)
-            if not wanted:
+            if not wanted or record.seq >= last:
                 break
     finally:
-        records.close()
-    missing = [c for c in core.state.calls.settled if c not in found]
-    if missing:
-        raise CorruptionError(f"the record that settled call id {missing[0]!r} could not be "
-                              "read back for a checkpoint", kind="journal_record")
+        records.close()  # here, not in the collector, where an interrupt would be swallowed
+    for call_id, seq in settled:
+        if call_id not in found:
+            raise CorruptionError(f"the record that settled call id {call_id!r} (record {seq}) "
+                                  "could not be read back", seq=seq, kind="journal_record")
     return found
+
+
+def _settling(core: Core) -> dict[str, tuple[dict[str, Any], int]]:
+    """Every settled call's settling record, for a checkpoint."""
+    return settling_records(core, core.view(
+        lambda state: [(call_id, seq) for call_id, (_, seq) in state.calls.settled.items()]))
 
 
 def checkpoint(core: Core) -> int:

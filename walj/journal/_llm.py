@@ -3,19 +3,20 @@ interrupt leaves the call pending, and pending calls are reported on open."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from types import TracebackType
 from typing import Any
 
 from ..errors import TurnError
 from . import _writes
-from ._brackets import step, step_in_worker
+from ._aio import in_worker, run_through
 from ._core import Core
 from ._fingerprint import FAST_CANONICAL, describe_output
 from ._slots import LLMSlot
 
 
-class LLMCall:
+class LLMCall(LLMSlot):
     """Brackets one LLM request: llm_call_started, then llm_call_finished on leaving the block.
     An interrupt (not an Exception) leaves it pending, and pending calls are reported on open."""
 
@@ -23,34 +24,29 @@ class LLMCall:
                  request: Any) -> None:
         if model is not None and not isinstance(model, str):
             raise TypeError("model must be a string or None")
+        super().__init__(os.urandom(16).hex())
         self._core = core
         self.turn_sequence = turn_sequence
         self.model = model
         self.request = request
         self.response: Any = None
-        self._slot = LLMSlot(os.urandom(16).hex())
         self._entered = False
-
-    @property
-    def llm_call_id(self) -> str:
-        return self._slot.llm_call_id
 
     def finish(self, response: Any) -> None:
         """Keep the response: its fingerprint and preview go into llm_call_finished."""
         self.response = response
 
-    def _started(self) -> LLMCall:
+    def _started(self) -> None:
         core = self._core
         digest = None if self.request is None else describe_output(
             self.request, core.options.arguments_chars, core.options.redactor, FAST_CANONICAL)
         record = _writes.llm_started(self.llm_call_id, self.turn_sequence, self.model, digest,
                                      core.options.block_on_pending_llm_calls)
-        core.start_llm(self._slot, record)
-        return self
+        core.start_llm(self, record)
 
     def _leave(self) -> None:
         """Not in flight any more, in this process; idempotent."""
-        self._core.leave_llm(self._slot)
+        self._core.leave_llm(self)
 
     def _finished(self, exc: BaseException | None) -> None:
         core = self._core
@@ -70,17 +66,36 @@ class LLMCall:
 
     def __enter__(self) -> LLMCall:
         self._enter_once()
-        return step(self._started, self._leave)
+        try:
+            self._started()
+            return self
+        except BaseException:
+            self._leave()
+            raise
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        step(self._finished, self._leave, exc)
+        try:
+            self._finished(exc)
+        except BaseException:
+            self._leave()
+            raise
 
     async def __aenter__(self) -> LLMCall:
         self._enter_once()
-        return await step_in_worker(self._started, self._leave)
+        try:
+            await in_worker(self._started)
+            return self
+        except BaseException:
+            self._leave()
+            raise
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
-        # As a turn's exit: llm_call_finished may be in a worker's write right now.
-        await step_in_worker(self._finished, self._leave, exc, then=self._core.write_queued)
+        try:
+            await in_worker(self._finished, exc)
+        except BaseException:
+            self._leave()
+            # As a turn's exit: llm_call_finished may be in a worker's write right now.
+            await run_through(asyncio.get_running_loop(), self._core.write_queued)
+            raise

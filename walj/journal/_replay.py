@@ -3,15 +3,13 @@ that settled it, or refused, durably, and its handler is never run again."""
 
 from __future__ import annotations
 
-from collections.abc import Generator
-from typing import Any, cast
+from typing import Any
 
 from ..errors import CorruptionError
-from ..log import Record, read
 from . import _records as rc
 from . import _writes
 from ._callindex import Forgotten
-from ._checkpoint import settling_record
+from ._compact import settling_records
 from ._core import Core
 from ._tools import ToolContext, ToolResult
 
@@ -48,7 +46,8 @@ def answer(core: Core, context: ToolContext, arguments: dict[str, Any]) -> ToolR
                 f"call id {call} may have been settled before this journal's replay window "
                 f"(its last {found.window} settled calls), so its outcome cannot be answered; "
                 "walj does not run it again. Use a new call id for a new call."))
-        settling, settled_seq = _read_settling(core, found.seq, context.call_id)
+        settling, settled_seq = settling_records(core, [(context.call_id, found.seq)])[
+            context.call_id]
         settled_id = settling.get("execution_id")
         if not isinstance(settled_id, str):
             raise CorruptionError(f"journal record {found.seq} names no execution", seq=found.seq,
@@ -73,29 +72,6 @@ def answer(core: Core, context: ToolContext, arguments: dict[str, Any]) -> ToolR
 
 
 _NOT_STORED: Any = object()
-
-
-def _read_settling(core: Core, seq: int, call_id: str) -> tuple[dict[str, Any], int]:
-    """The record that settled `call_id`, which the replay index says is at `seq`, and its
-    own seq: itself, or the copy a checkpoint part at `seq` carries."""
-    # Closed here, not left to the garbage collector, where an interrupt in its cleanup
-    # would be swallowed.
-    records = cast("Generator[Record, None, None]",
-                   read(core.log.path, seq, **core.options.read_options))
-    try:
-        record = next(records, None)
-    finally:
-        records.close()
-    if record is None or record.seq != seq or not isinstance(record.data, dict):
-        raise CorruptionError(f"journal record {seq} could not be read back", seq=seq,
-                              kind="journal_record")
-    if record.data.get("kind") != rc.CHECKPOINT:
-        return record.data, seq
-    carried = settling_record(record.data, call_id)
-    if carried is None:
-        raise CorruptionError(f"checkpoint record {seq} does not carry call id "
-                              f"{call_id!r}", seq=seq, kind="journal_record")
-    return carried
 
 
 def _outcome(settling: dict[str, Any]) -> tuple[str, Any, str | None]:

@@ -12,7 +12,6 @@ from typing import Any
 
 from ..errors import ToolOutcomeUnknown, TurnError
 from ._aio import in_worker, run_soon, run_through
-from ._brackets import step, step_in_worker
 from ._core import Core
 from ._dispatch import HANDLER, INTENT, Dispatch
 from ._fingerprint import Digest
@@ -55,33 +54,46 @@ class Turn(TurnSlot):
             raise TurnError("a Turn object is entered once")
         self._entered = True
 
-    def _start(self) -> Turn:
-        self._core.start_turn(self)
-        return self
-
-    def _release(self) -> None:
-        self._core.release_turn(self)
-
     def __enter__(self) -> Turn:
         self._enter_once()
-        return step(self._start, self._release)
+        try:
+            self._core.start_turn(self)
+            return self
+        except BaseException:
+            self._core.release_turn(self)
+            raise
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        step(self._core.end_turn, self._release, self, exc_type is None)
+        try:
+            self._core.end_turn(self, exc_type is None)
+        except BaseException:
+            self._core.release_turn(self)
+            raise
 
     async def __aenter__(self) -> Turn:
         self._enter_once()
-        # Cancelled (or failed) while turn_started was written: the turn is over now, in this
-        # process; the writer thread sees it abandoned and leaves it so.
-        return await step_in_worker(self._start, self._release)
+        try:
+            await in_worker(self._core.start_turn, self)
+            return self
+        except BaseException:
+            # Cancelled (or failed) while turn_started was written: the turn is over now, in
+            # this process; the writer thread sees _abandoned and leaves it so.
+            self._core.release_turn(self)
+            raise
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
-        # Interrupted, the turn ends here and now; turn_completed is written only while it
-        # is live, and a worker may be writing it: wait for the writer.
-        await step_in_worker(self._core.end_turn, self._release, self, exc_type is None,
-                             then=self._core.write_queued)
+        try:
+            await in_worker(self._core.end_turn, self, exc_type is None)
+        except BaseException:
+            # The turn ends here and now; turn_completed is written only while it is live.
+            self._core.release_turn(self)
+            # A worker may be writing turn_completed at this moment: wait for the write lock,
+            # so that what this process holds when the interrupt reaches the caller is what a
+            # replay of the log rebuilds, whichever side of the write the interrupt fell on.
+            await run_through(asyncio.get_running_loop(), self._core.write_queued)
+            raise
 
     def llm_call(self, *, model: str | None = None, request: Any = None) -> LLMCall:
         self._check_live()
