@@ -34,7 +34,7 @@ from its last checkpoint), _journal (ToolJournal).
 from __future__ import annotations
 
 from ._compact import CompactReport
-from ._journal import ToolJournal, handle_function_calls
+from ._journal import ToolJournal
 from ._observe import ExecutionEnd, ToolObserver
 from ._records import Blocker, Cut, IncompleteTurn, PendingLLMCall, Recovery, Resolution
 from ._session_resolve import (
@@ -43,7 +43,7 @@ from ._session_resolve import (
     resolve_session,
     resolve_session_turn,
 )
-from ._tools import Tool, ToolContext, ToolResult
+from ._tools import Tool, ToolContext, ToolResult, handle_function_calls
 
 __all__ = ["Blocker", "CompactReport", "Cut", "ExecutionEnd", "IncompleteTurn", "PendingLLMCall",
            "Recovery", "Resolution", "SessionResolution", "Tool", "ToolContext", "ToolJournal",

@@ -23,34 +23,21 @@ from ._fingerprint import (
     OUTPUT_PREVIEW_CHARS,
     Redactor,
     describe_arguments,
-    describe_error,
 )
 from ._llm import LLMCall
 from ._observe import ToolObserver, check_observers
 from ._opening import open_log
-from ._options import Options
+from ._options import (
+    DEFAULT_CHECKPOINT_EVERY,
+    DEFAULT_MAX_RECORD_BYTES,
+    DEFAULT_MAX_STORED_OUTPUT_BYTES,
+    Options,
+    output_limit,
+)
 from ._recovery import Recovery, Resolution
 from ._sessions import check_session_id, directory_name
-from ._tools import Call, Tool, error_result, invoke, lookup, normalise_calls, tools_from
+from ._tools import Tool, call_results, lookup, normalise_calls, tools_from
 from ._turn import Turn
-
-DEFAULT_MAX_STORED_OUTPUT_BYTES = 64 * 1024
-DEFAULT_MAX_RECORD_BYTES = 2**20  # walj.Log.open's default
-DEFAULT_CHECKPOINT_EVERY = 100_000
-# Room in an ok call's terminal record for everything but the output value: its fixed fields
-# and the output preview, each of whose characters JSON may write as up to 6 bytes (\u001f).
-_TERMINAL_RECORD_ROOM = 1024
-
-
-def _stored_output_limit(wanted: int, preview_chars: int, max_record_bytes: Any) -> int:
-    """`wanted`, or less when a record of that size could not fit the log."""
-    if type(max_record_bytes) is not int:
-        return wanted  # Log.open refuses it with its own message
-    room = max_record_bytes - _TERMINAL_RECORD_ROOM - 6 * preview_chars
-    if room < 1:
-        raise ValueError(f"max_record_bytes {max_record_bytes} leaves no room to store outputs "
-                         f"beside a {preview_chars}-character output preview")
-    return min(wanted, room)
 
 
 class ToolJournal:
@@ -111,7 +98,7 @@ class ToolJournal:
                 raise ValueError(f"{name} must be a positive int, not {value!r}")
         stored_output_limit = None
         if store_outputs:
-            stored_output_limit = _stored_output_limit(
+            stored_output_limit = output_limit(
                 max_stored_output_bytes, output_preview_chars,
                 log_options.get("max_record_bytes", DEFAULT_MAX_RECORD_BYTES))
         redactor = Redactor(redact_keys)
@@ -320,7 +307,7 @@ class ToolJournal:
             return lookup(registry, name) if registry is not None else core.options.tools.get(name)
 
         def run(turn: Turn) -> list[dict[str, Any]]:
-            return _results(normalised, find, lambda call, index, tool: turn._dispatch(
+            return call_results(normalised, find, lambda call, index, tool: turn._dispatch(
                 call.name, call.arguments, call.call_id, tool, call.digest).as_dict())
 
         live = self._live_turn()
@@ -409,39 +396,3 @@ class ToolJournal:
         except WaljError:
             if exc is None:
                 raise  # else the exception in flight (often the cause) goes on unmasked
-
-
-def handle_function_calls(
-    calls: Sequence[Any], registry: Any, journal: ToolJournal | None = None
-) -> list[dict[str, Any]]:
-    """Run function calls and return one dict per call with exactly the keys name, call_id,
-    arguments, output and error. With a journal, each call goes through its durable dispatch;
-    without one, handlers are simply called and exceptions become errors."""
-    if journal is not None:
-        return journal.handle_function_calls(calls, registry)
-
-    def run(call: Call, index: int, tool: Tool) -> dict[str, Any]:
-        entry = error_result(call, index, "")
-        try:
-            entry["output"] = invoke(tool, call.arguments, None)
-            entry["error"] = None
-        except Exception as exc:
-            entry["error"] = describe_error(exc)
-        return entry
-
-    return _results(normalise_calls(calls), lambda name: lookup(registry, name), run)
-
-
-def _results(calls: list[Call], find: Callable[[str], Tool | None],
-             run: Callable[[Call, int, Tool], dict[str, Any]]) -> list[dict[str, Any]]:
-    """One result dict per call: an error for a call that could not be read or names no
-    tool, else what `run` made of it."""
-    results: list[dict[str, Any]] = []
-    for index, call in enumerate(calls):
-        if call.problem is not None:
-            results.append(error_result(call, index, call.problem))
-        elif (tool := find(call.name)) is None:
-            results.append(error_result(call, index, f"unknown tool {call.name!r}"))
-        else:
-            results.append(run(call, index, tool))
-    return results
