@@ -149,7 +149,7 @@ def checkpoint_if_due(core: Core) -> None:
     try:
         checkpoint(core)
     except RecordTooLargeError:
-        core.state.checkpointed_records = core.state.records
+        core.checkpoint_skipped()
 
 
 def compact(core: Core, keep_turns: int, archive: str | os.PathLike[str] | None,

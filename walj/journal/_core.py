@@ -104,10 +104,8 @@ class Core:
     def is_blocked(self) -> bool:
         """True while dispatch would refuse: blockers, or a log that can no longer write."""
         self.take_requests()
-        if self.log.poisoned or self.unknown_state is not None:
-            return True
-        with self._lock:
-            return self.state.is_blocked(**self._live_view())
+        return self.log.poisoned or self.unknown_state is not None or (
+            self._blocked_now() is not None)
 
     def _blocked_now(self) -> tuple[Any, ...] | None:
         """With the write lock held: the blockers if dispatch is blocked now, else None."""
@@ -116,6 +114,11 @@ class Core:
             if self.state.is_blocked(**self._live_view()):
                 blockers = self.state.snapshot(**self._live_view()).blockers
         return blockers
+
+    def checkpoint_skipped(self) -> None:
+        """The next automatic checkpoint is due `checkpoint_every` records from now."""
+        with self._lock:
+            self.state.checkpointed_records = self.state.records
 
     def idle(self) -> bool:
         """With the write lock held: no turn, execution or LLM call is live or beginning."""

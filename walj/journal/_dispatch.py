@@ -70,9 +70,8 @@ class Dispatch:
     yet. `in_worker`: its blocking steps run in a worker thread (async dispatch), so a step an
     interrupt stopped the wait for still runs to its end."""
 
-    __slots__ = ("arguments", "call_id", "call_id_generated", "context", "core", "digest",
-                 "failure", "in_worker", "name", "record", "result", "seen", "stage", "started",
-                 "tool")
+    __slots__ = ("arguments", "call_id", "call_id_generated", "context", "core", "failure",
+                 "in_worker", "name", "record", "result", "seen", "stage", "started", "tool")
 
     def __init__(self, core: Core, turn_sequence: int, call_number: int, name: Any,
                  arguments: Any, call_id: Any, handler: Any, digest: Digest | None, *,
@@ -82,7 +81,7 @@ class Dispatch:
             digest = describe_arguments(self.arguments, core.options.arguments_chars,
                                         core.options.redactor, FAST_CANONICAL)
         assert digest.sha256 is not None
-        self.core, self.name, self.digest, self.in_worker = core, name, digest, in_worker
+        self.core, self.name, self.in_worker = core, name, in_worker
         self.call_id_generated = call_id is None
         # Deterministic, so the idempotency key is too; the turn keeps two turns' n-th calls
         # apart, since the key itself does not depend on the turn.
@@ -114,10 +113,6 @@ class Dispatch:
         if self.seen is not None:
             self.seen.start()
         return not self.call_id_generated and _replay.may_answer(self.core, self.call_id)
-
-    def replay(self) -> ToolResult | None:
-        """The step: the replayed or refused result with its record written, or None."""
-        return _replay.answer(self.core, self.context, self.arguments)
 
     def answered(self, replayed: ToolResult) -> ToolResult:
         """A replayed or refused result (its record is durable), told to the observers."""

@@ -11,6 +11,7 @@ from types import TracebackType
 from typing import Any
 
 from ..errors import ToolOutcomeUnknown, TurnError
+from . import _replay
 from ._aio import in_worker, run_soon, run_through
 from ._core import Core
 from ._dispatch import HANDLER, INTENT, Dispatch
@@ -126,7 +127,7 @@ class Turn(TurnSlot):
             raise TypeError(f"tool {name!r} is async: use `await turn.adispatch(...)`")
         try:
             if run.start():
-                replayed = run.replay()
+                replayed = _replay.answer(self._core, run.context, run.arguments)
                 if replayed is not None:
                     return run.answered(replayed)
             blockers = self._core.begin(run.started, run.execution_id)
@@ -168,7 +169,8 @@ class Turn(TurnSlot):
         loop = asyncio.get_running_loop()
         try:
             if run.start():
-                replayed: ToolResult | None = await in_worker(run.replay)
+                replayed: ToolResult | None = await in_worker(_replay.answer, core, run.context,
+                                                              run.arguments)
                 if replayed is not None:
                     return run.answered(replayed)
             core.reserve(run.execution_id)
