@@ -252,10 +252,6 @@ class ToolJournal:
         self._core.check_open()
         return Turn(self._core)
 
-    def _live_turn(self) -> Turn | None:
-        live = self._core.live_turn()
-        return live if isinstance(live, Turn) else None
-
     # --- observers ------------------------------------------------------------------------------
 
     @property
@@ -310,8 +306,8 @@ class ToolJournal:
             return call_results(normalised, find, lambda call, index, tool: turn._dispatch(
                 call.name, call.arguments, call.call_id, tool, call.digest).as_dict())
 
-        live = self._live_turn()
-        if live is not None:
+        live = self._core.live_turn()
+        if isinstance(live, Turn):
             return run(live)
         with self.turn() as turn:
             return run(turn)

@@ -283,7 +283,7 @@ def _from_record(seq: int, record: dict[str, Any]) -> Resolution:
 
 
 def known_ids(path: str | os.PathLike[str]) -> set[str]:
-    """Every execution, LLM call and cut id the log names (open, settled or resolved, and those
+    """Every execution, LLM call and cut id the log names (open, finished or resolved, and those
     a checkpoint carries), read without a lock: what an id prefix is expanded against."""
     found: set[str] = set()
     for _, data in _records(path, 0):
