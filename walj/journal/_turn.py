@@ -1,5 +1,5 @@
-"""Turns and dispatch: the durable intent, the handler call, the terminal record, the blocked
-path and interrupts, sync and async."""
+"""Turns, and dispatch driven through the steps and interrupt rules of _dispatch: in this
+thread (dispatch), or awaiting each blocking step in a worker thread (adispatch)."""
 
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ class Turn(TurnSlot):
             return self
         except BaseException:
             # Cancelled (or failed) while turn_started was written: the turn is over now, in
-            # this process; the writer thread sees _abandoned and leaves it so.
+            # this process; the writer thread sees it abandoned and leaves it so.
             self._core.release_turn(self)
             raise
 
