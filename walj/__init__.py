@@ -162,6 +162,4 @@ def _archive_for_compaction(path: str, url: str,
     return archives.verified_copies(path, url, storage_options)
 
 
-from .journal._compact import register_archiver  # noqa: E402
-
-register_archiver(_archive_for_compaction)
+ToolJournal.archiver = _archive_for_compaction

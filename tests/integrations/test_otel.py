@@ -149,7 +149,7 @@ def test_async_dispatch_nests_in_the_task_and_a_cancel_is_an_ambiguous_span(
             await asyncio.gather(*(turn.adispatch("fetch", {"x": i}, handler=fetch)
                                    for i in range(3)))
             task = asyncio.create_task(turn.adispatch("hold", {"x": 1}, handler=hold))
-            while not journal._core.live:  # the intent is durable: the handler waits
+            while not journal._core._live:  # the intent is durable: the handler waits
                 await asyncio.sleep(0.001)
             task.cancel()
             with pytest.raises(asyncio.CancelledError):

@@ -189,6 +189,27 @@ def test_a_hostile_checkpoint_is_refused_with_a_typed_error(tmp_path: Path, name
     assert "checkpoint" in str(info.value) or info.value.kind == "journal_record"
 
 
+def test_compaction_to_an_archive_without_an_archiver_is_refused_and_writes_nothing(
+        tmp_path: Path) -> None:
+    """The archiver is the journal class's own (walj.ToolJournal's ships through walj.archive);
+    a journal class without one refuses compact(archive=...) before its checkpoint."""
+
+    class WithoutArchive(walj.ToolJournal):
+        archiver = None
+
+    path, archive = tmp_path / "s", tmp_path / "archive"
+    with WithoutArchive.open(path, tools=TOOLS, **SMALL) as journal:
+        _turns(journal, 20)
+        before = [p.name for p in segments(path)], walj.ToolJournal.archiver
+        last_seq = journal._log.last_seq
+        with pytest.raises(walj.WaljError, match="needs walj.archive"):
+            journal.compact(archive=f"file://{archive}")
+        assert journal._log.last_seq == last_seq  # not even the checkpoint
+        assert ([p.name for p in segments(path)], walj.ToolJournal.archiver) == before
+        assert walj.ToolJournal.archiver is not None
+    assert not archive.exists()
+
+
 def test_compaction_keeps_a_blocker_through_archive_and_restart(tmp_path: Path) -> None:
     path, archive = tmp_path / "s", tmp_path / "archive"
     with _journal(path) as journal:

@@ -246,7 +246,7 @@ def test_cancelled_before_its_worker_starts_writes_no_intent_and_leaves_nothing_
         with ToolJournal.open(path, tools={"t": tool}) as journal:
             async with journal.turn() as turn:
                 core = journal._core
-                core.write_lock.acquire()  # the worker's begin waits for it
+                core.writing().acquire()  # the worker's begin waits for it
                 try:
                     task = asyncio.ensure_future(turn.adispatch("t", {}))
                     await asyncio.sleep(0.05)  # submitted, and waiting for the writer
@@ -254,9 +254,9 @@ def test_cancelled_before_its_worker_starts_writes_no_intent_and_leaves_nothing_
                     with pytest.raises(asyncio.CancelledError):
                         await task
                 finally:
-                    core.write_lock.release()
+                    core.writing().release()
                 await asyncio.sleep(0.05)
-                assert not core.live and not journal.recovery.blocked
+                assert not core._live and not journal.recovery.blocked
                 assert (await turn.adispatch("t", {})).outcome == "ok"
 
     asyncio.run(main())

@@ -19,10 +19,12 @@ journal writes, built in one place), _decode (reading one untrusted record), _fi
 (digests and previews), _damage (which cuts a crash explains), _openwork (what the rebuild holds
 open), _callindex (the bounded index of settled call ids), _recovery (the rebuild), _checkpoint
 (the state as checkpoint records, and back), _snapshot (the recovery view), _compact (writing
-checkpoints; compaction), _tools (tools, contexts, results), _core (the locked writer and the
-live-state table: the one object Turn, LLMCall and resolution talk to), _aio (blocking steps
-from asyncio), _replay (answering a settled call id from its record), _turn (turns and
-dispatch), _llm (LLM-call brackets), _resolve (resolutions and policies), _applied (the ids of
+checkpoints; compaction), _tools (tools, contexts, results), _options (what a journal was
+opened with), _slots (a turn or LLM call in flight), _core (the locked writer and the
+live-state table, behind the few operations turns, LLM calls, replay, resolution, requests and
+compaction use), _aio (blocking steps from asyncio), _replay (answering a settled call id from
+its record), _dispatch (one dispatch's steps and interrupt rules, sync and async), _turn (turns
+and dispatch), _llm (LLM-call brackets), _resolve (resolutions and policies), _applied (the ids of
 answered resolution requests), _requests (applying resolution requests other processes leave),
 _session_resolve (resolve_session: resolving from outside a live writer), _observe (the observer
 hook: tracing and metrics), _sessions (session ids to directory names), _opening (the log opened
@@ -32,7 +34,7 @@ from its last checkpoint), _journal (ToolJournal).
 from __future__ import annotations
 
 from ._compact import CompactReport
-from ._journal import ToolJournal, handle_function_calls
+from ._journal import ToolJournal
 from ._observe import ExecutionEnd, ToolObserver
 from ._records import Blocker, Cut, IncompleteTurn, PendingLLMCall, Recovery, Resolution
 from ._session_resolve import (
@@ -41,7 +43,7 @@ from ._session_resolve import (
     resolve_session,
     resolve_session_turn,
 )
-from ._tools import Tool, ToolContext, ToolResult
+from ._tools import Tool, ToolContext, ToolResult, handle_function_calls
 
 __all__ = ["Blocker", "CompactReport", "Cut", "ExecutionEnd", "IncompleteTurn", "PendingLLMCall",
            "Recovery", "Resolution", "SessionResolution", "Tool", "ToolContext", "ToolJournal",

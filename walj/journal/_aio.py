@@ -8,7 +8,7 @@ pool (64 by default). And not a ThreadPoolExecutor either: each of its steps cos
 concurrent.futures.Future chained to an asyncio one and a wake-up of the loop per step. Here a
 step completes a plain loop future, and a worker that finishes while the loop has not yet taken
 the last completion adds to that batch instead of waking the loop again, so with many sessions
-in flight one wake-up settles many steps.
+in flight one wake-up completes many steps.
 
 A step, once submitted, always runs to its end: cancelling the awaiting task cancels only the
 wait (the journal's state reflects the step whatever it did).
@@ -56,8 +56,8 @@ class SyncPool:
     """Bounded threads that run journal steps for any number of event loops.
 
     On a loop's thread an interrupt may land between any two bytecodes, so what runs there
-    never leaves a step unrun or a future unsettled: a request is one SimpleQueue.put (a
-    thread is started before it, never after), and a hand-over settles a future before it
+    never leaves a step unrun or a future incomplete: a request is one SimpleQueue.put (a
+    thread is started before it, never after), and a hand-over completes a future before it
     drops it, rescheduling itself if it is stopped."""
 
     def __init__(self, size: int) -> None:
@@ -125,7 +125,7 @@ class SyncPool:
                 box.scheduled = False
 
     def _hand_over(self, loop: asyncio.AbstractEventLoop, box: _Completions) -> None:
-        """On the loop: settle every future finished since the last hand-over."""
+        """On the loop: complete every future finished since the last hand-over."""
         try:
             while True:
                 with self._done_lock:
@@ -134,13 +134,13 @@ class SyncPool:
                 if item is None:
                     return
                 future, result, failure = item
-                if not future.done():  # cancelled (its awaiter gave up), or settled before
+                if not future.done():  # cancelled (its awaiter gave up), or completed before
                     if failure is None:  # an interrupt stopped the hand-over last time
                         future.set_result(result)
                     else:
                         future.set_exception(failure)
                 with self._done_lock:
-                    box.items.popleft()  # only this loop pops, and it settled this one
+                    box.items.popleft()  # only this loop pops, and it completed this one
         except BaseException:
             loop.call_soon(self._hand_over, loop, box)  # the rest, in the loop's next round
             raise
@@ -194,16 +194,10 @@ def consume(future: asyncio.Future[Any]) -> None:
         future.exception()
 
 
-def submit(loop: asyncio.AbstractEventLoop, function: Callable[..., Any],
-           *args: Any) -> asyncio.Future[Any]:
-    """`function(*args)` in the shared sync pool, as a future of `loop`."""
-    return sync_pool().submit(loop, function, *args)
-
-
 def run_soon(loop: asyncio.AbstractEventLoop, function: Callable[..., Any],
              *args: Any) -> asyncio.Future[Any]:
     """`function(*args)` in the shared sync pool, run to its end whether awaited or not."""
-    future = submit(loop, function, *args)
+    future = sync_pool().submit(loop, function, *args)
     future.add_done_callback(consume)
     return future
 
@@ -222,7 +216,7 @@ async def run_through(loop: asyncio.AbstractEventLoop, function: Callable[..., A
 async def in_worker(function: Callable[..., Any], *args: Any) -> Any:
     """Run a blocking journal step in the shared sync pool and await it. A cancellation stops
     only the wait: the step runs to its end."""
-    future = submit(asyncio.get_running_loop(), function, *args)
+    future = sync_pool().submit(asyncio.get_running_loop(), function, *args)
     try:
         return await future
     except BaseException:

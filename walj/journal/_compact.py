@@ -22,14 +22,9 @@ if TYPE_CHECKING:
     from ._core import Core
 
 # Ships a session's sealed segments to an archive URL and returns the names of those whose
-# archived copy was read back whole and matched: set by walj.archive when it is imported (it
-# lies above the journal, which never imports it).
+# archived copy was read back whole and matched (walj.archive's, which lies above the journal:
+# the journal never imports it, the caller passes it).
 Archiver = Callable[[str, str, "dict[str, Any] | None"], "set[str]"]
-_archiver: list[Archiver] = []
-
-
-def register_archiver(archiver: Archiver) -> None:
-    _archiver[:] = [archiver]
 
 
 @dataclass(frozen=True)
@@ -43,18 +38,20 @@ class CompactReport:
     archive_url: str | None = None
 
 
-def _settling(core: Core) -> dict[str, tuple[dict[str, Any], int]]:
-    """With write_lock held: each settled call's settling record and its seq, read back from
-    the log in one pass from the oldest (a checkpoint part, for calls a checkpoint carried)."""
-    with core.lock:
-        wanted: dict[int, list[str]] = {}
-        for call_id, (_, seq) in core.state.calls.settled.items():
-            wanted.setdefault(seq, []).append(call_id)
+def settling_records(core: Core, settled: list[tuple[str, int]]
+                     ) -> dict[str, tuple[dict[str, Any], int]]:
+    """For each (call id, seq) of the replay index, the record that settled the call and its
+    own seq (a checkpoint part at seq carries those a checkpoint kept), read back from the
+    log in one pass from the oldest. CorruptionError when one cannot be read back."""
+    wanted: dict[int, list[str]] = {}
+    for call_id, seq in settled:
+        wanted.setdefault(seq, []).append(call_id)
     found: dict[str, tuple[dict[str, Any], int]] = {}
     if not wanted:
         return found
+    last = max(wanted)
     records = cast("Generator[Record, None, None]",
-                   read(core.log.path, min(wanted), **core.read_options))
+                   read(core.log.path, min(wanted), **core.options.read_options))
     try:
         for record in records:
             call_ids = wanted.pop(record.seq, None)
@@ -66,25 +63,32 @@ def _settling(core: Core) -> dict[str, tuple[dict[str, Any], int]]:
                             found[call_id] = carried
                     else:
                         found[call_id] = (record.data, record.seq)
-            if not wanted:
+            if not wanted or record.seq >= last:
                 break
     finally:
-        records.close()
-    missing = [c for c in core.state.calls.settled if c not in found]
-    if missing:
-        raise CorruptionError(f"the record that settled call id {missing[0]!r} could not be "
-                              "read back for a checkpoint", kind="journal_record")
+        records.close()  # here, not in the collector, where an interrupt would be swallowed
+    for call_id, seq in settled:
+        if call_id not in found:
+            raise CorruptionError(f"the record that settled call id {call_id!r} (record {seq}) "
+                                  "could not be read back", seq=seq, kind="journal_record")
     return found
+
+
+def _settling(core: Core) -> dict[str, tuple[dict[str, Any], int]]:
+    """Every settled call's settling record, for a checkpoint."""
+    return settling_records(core, core.view(
+        lambda state: [(call_id, seq) for call_id, (_, seq) in state.calls.settled.items()]))
 
 
 def checkpoint(core: Core) -> int:
     """Write a checkpoint of the journal's state at the start of a new segment, each part
     durable, and return the seq of its first record. RecordTooLargeError, nothing written,
     when an item (an open execution with large stored arguments) cannot fit a record."""
-    with core.write_lock:
+    with core.writing():
         core.check_open()
-        core.write_settlements()
-        parts = build_parts(core.state, _settling(core), core.record_limit, last_activity(core))
+        core.write_queued()
+        parts = build_parts(core.state, _settling(core), core.options.record_limit,
+                            last_activity(core))
         core.log.rotate()  # so the checkpoint begins a segment, where an open looks for it
         first = 0
         for part in parts:
@@ -102,7 +106,7 @@ def last_activity(core: Core) -> float:
     if core.log.last_seq < 1:
         return now
     records = cast("Generator[Record, None, None]",
-                   read(core.log.path, core.log.last_seq, **core.read_options))
+                   read(core.log.path, core.log.last_seq, **core.options.read_options))
     try:
         last = next(records, None)
     finally:
@@ -117,37 +121,49 @@ def end_idle(core: Core, idle_since: float) -> int | None:
     `idle_since`, its `session_ended` carrying that time instead of now (retention ending an
     idle session must not make it look younger). Returns the log's last seq once ended; None,
     nothing written, when the session is not idle. `core`: an open ToolJournal's."""
-    with core.write_lock:
+    with core.writing():
         at = last_activity(core)
         if at > idle_since:
             return None
-        core.end_session(at)
+        end_session(core, at)
         return core.log.last_seq
+
+
+def end_session(core: Core, at: float | None = None) -> None:
+    """Write session_ended (durable) unless it is there, then close sealing the log. `at`:
+    the record's time when it is not now (an end written as upkeep)."""
+    with core.writing():
+        core.check_between_turns("the session")
+        if core.state.ended_seq is None:
+            core.write_queued()
+            core.write(_writes.session_ended_record(at), durable=True)
+    core.close()
 
 
 def checkpoint_if_due(core: Core) -> None:
     """Before a turn starts: a checkpoint once `checkpoint_every` records were written since
     the last one. One whose item cannot fit a record is skipped (the next turn tries again)."""
-    every = core.checkpoint_every
+    every = core.options.checkpoint_every
     if every is None or core.state.records - core.state.checkpointed_records < every:
         return
     try:
         checkpoint(core)
     except RecordTooLargeError:
-        core.state.checkpointed_records = core.state.records
+        core.checkpoint_skipped()
 
 
 def compact(core: Core, keep_turns: int, archive: str | os.PathLike[str] | None,
-            storage_options: dict[str, Any] | None) -> CompactReport:
+            storage_options: dict[str, Any] | None, archiver: Archiver | None) -> CompactReport:
     """Checkpoint, then drop every sealed segment before the checkpoint that holds none of
     the last `keep_turns` turns' records. With `archive`, every segment to drop is first
-    shipped and its copy verified; one that was not is kept, with the ones after it."""
+    shipped by `archiver` and its copy verified; one that was not is kept, with the ones
+    after it."""
     if type(keep_turns) is not int or not 0 <= keep_turns <= MAX_KEEP_TURNS:
         raise ValueError(f"keep_turns must be an int from 0 to {MAX_KEEP_TURNS}, not "
                          f"{keep_turns!r}")
-    if archive is not None and not _archiver:
+    if archive is not None and archiver is None:
         raise WaljError("compact(archive=...) needs walj.archive, which `import walj` loads")
-    with core.write_lock:
+    with core.writing():
         core.check_between_turns("compacting")
         first = checkpoint(core)
         keep_from = first
@@ -158,9 +174,9 @@ def compact(core: Core, keep_turns: int, archive: str | os.PathLike[str] | None,
                          else core.log.first_seq)
         verified: set[str] = set()
         url = None
-        if archive is not None:
+        if archive is not None and archiver is not None:  # one without the other was refused
             url = os.fspath(archive)
-            verified = _archiver[0](os.fspath(core.log.path), url, storage_options)
+            verified = archiver(os.fspath(core.log.path), url, storage_options)
             keep_from = min(keep_from, _first_unarchived(core, verified))
         dropped = 0
         try:

@@ -1,5 +1,5 @@
 """ToolJournal, the public face of a journal: opening (one-pass rebuild, then automatic
-settlement), its recovery view, turns, LLM calls, function calls, resolution and closing. Its
+resolution), its recovery view, turns, LLM calls, function calls, resolution and closing. Its
 state and writes live in its Core."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType, TracebackType
-from typing import Any
+from typing import Any, ClassVar
 
-from ..errors import UnknownToolError, WaljError
-from . import _compact, _requests, _resolve
+from ..errors import WaljError
+from . import _compact, _requests, _resolve, _writes
 from ._callindex import DEFAULT_REPLAY_WINDOW
-from ._compact import CompactReport
+from ._compact import Archiver, CompactReport
 from ._core import Core
 from ._fingerprint import (
     ARGUMENTS_PREVIEW_CHARS,
@@ -23,37 +23,29 @@ from ._fingerprint import (
     OUTPUT_PREVIEW_CHARS,
     Redactor,
     describe_arguments,
-    describe_error,
 )
 from ._llm import LLMCall
 from ._observe import ToolObserver, check_observers
 from ._opening import open_log
+from ._options import (
+    DEFAULT_CHECKPOINT_EVERY,
+    DEFAULT_MAX_RECORD_BYTES,
+    DEFAULT_MAX_STORED_OUTPUT_BYTES,
+    Options,
+    output_limit,
+)
 from ._recovery import Recovery, Resolution
 from ._sessions import check_session_id, directory_name
-from ._tools import Tool, error_result, invoke, lookup, normalise_calls, tools_from
+from ._tools import Tool, call_results, lookup, normalise_calls, tools_from
 from ._turn import Turn
-
-DEFAULT_MAX_STORED_OUTPUT_BYTES = 64 * 1024
-DEFAULT_MAX_RECORD_BYTES = 2**20  # walj.Log.open's default
-DEFAULT_CHECKPOINT_EVERY = 100_000
-# Room in an ok call's terminal record for everything but the output value: its fixed fields
-# and the output preview, each of whose characters JSON may write as up to 6 bytes (\u001f).
-_TERMINAL_RECORD_ROOM = 1024
-
-
-def _stored_output_limit(wanted: int, preview_chars: int, max_record_bytes: Any) -> int:
-    """`wanted`, or less when a record of that size could not fit the log."""
-    if type(max_record_bytes) is not int:
-        return wanted  # Log.open refuses it with its own message
-    room = max_record_bytes - _TERMINAL_RECORD_ROOM - 6 * preview_chars
-    if room < 1:
-        raise ValueError(f"max_record_bytes {max_record_bytes} leaves no room to store outputs "
-                         f"beside a {preview_chars}-character output preview")
-    return min(wanted, room)
 
 
 class ToolJournal:
     """Crash-safe tool execution over one walj log. Open with `ToolJournal.open`."""
+
+    # How `compact(archive=...)` ships segments: walj.archive's, given by the package above
+    # both layers (walj/__init__.py), since the journal never imports the archive.
+    archiver: ClassVar[Archiver | None] = None
 
     def __init__(self, core: Core) -> None:
         self._core = core
@@ -87,7 +79,7 @@ class ToolJournal:
         so a re-dispatch of its call id can be answered from it (docs/RECOVERY.md, "Replay").
         `replay_window`: how many settled caller-given call ids the journal indexes.
         `observers` (walj.journal.ToolObserver) are told of every execution and resolution from
-        then on, those settlements included (docs/RECOVERY.md, "Observers").
+        then on, those automatic resolutions included (docs/RECOVERY.md, "Observers").
         `checkpoint_every`: before a turn starts, write a checkpoint once this many records
         were written since the last (None: only `checkpoint()` and `compact()` write them).
         The open replays from the last complete checkpoint (docs/RECOVERY.md, "Checkpoints").
@@ -106,31 +98,31 @@ class ToolJournal:
                 raise ValueError(f"{name} must be a positive int, not {value!r}")
         stored_output_limit = None
         if store_outputs:
-            stored_output_limit = _stored_output_limit(
+            stored_output_limit = output_limit(
                 max_stored_output_bytes, output_preview_chars,
                 log_options.get("max_record_bytes", DEFAULT_MAX_RECORD_BYTES))
         redactor = Redactor(redact_keys)
         log, state = open_log(path, replay_window, log_options)
         try:
-            core = Core(
-                log, state, registry,
+            core = Core(log, state, Options(
+                registry,
                 arguments_chars=preview_chars,
                 output_chars=output_preview_chars,
                 redactor=redactor,
                 store_arguments=bool(store_arguments),
                 block_on_pending_llm_calls=bool(block_on_pending_llm_calls),
                 stored_output_limit=stored_output_limit,
-                read_options={"_fs": log_options["_fs"]} if log_options.get("_fs") else None,
+                read_options={"_fs": log_options["_fs"]} if log_options.get("_fs") else {},
                 record_limit=log_options.get("max_record_bytes", DEFAULT_MAX_RECORD_BYTES),
                 checkpoint_every=checkpoint_every,
-            )
+                release_on_request=(release_on_request if callable(release_on_request)
+                                    else bool(release_on_request)),
+            ))
             core.observers = watching
-            core.release_on_request = (release_on_request if callable(release_on_request)
-                                       else bool(release_on_request))
             core.before_turn = functools.partial(_compact.checkpoint_if_due, core)
             if log_options.get("recovery") != "salvage":
-                core.record_cuts()
-                _resolve.settle_automatically(core)
+                _resolve.record_cuts(core)
+                _resolve.resolve_automatically(core)
                 _requests.watch(core)  # what other processes asked while none held it
             return cls(core)
         except BaseException:
@@ -152,7 +144,7 @@ class ToolJournal:
         journal = cls.open(path, **options)
         try:
             if options.get("recovery") != "salvage":
-                journal._core.name_session(session_id)
+                journal._name_session(session_id)
             return journal
         except BaseException:
             try:
@@ -160,6 +152,19 @@ class ToolJournal:
             except WaljError:
                 pass  # the exception in flight says more
             raise
+
+    def _name_session(self, session_id: str) -> None:
+        """Record the session id once (session_named); a journal recorded under another id is
+        refused with ValueError, so two ids can never share one journal unnoticed."""
+        core = self._core
+        with core.writing():
+            core.check_open()
+            recorded = core.state.session_id
+            if recorded is None:
+                core.write(_writes.session_named(session_id), durable=True)
+            elif recorded != session_id:
+                raise ValueError(f"the journal in {str(self._log.path)!r} belongs to session "
+                                 f"{recorded!r}, not {session_id!r}")
 
     @staticmethod
     def session_path(root: str | os.PathLike[str], session_id: str) -> Path:
@@ -186,36 +191,36 @@ class ToolJournal:
 
     @property
     def tools(self) -> Mapping[str, Tool]:
-        return MappingProxyType(dict(self._core.tools))
+        return MappingProxyType(dict(self._core.options.tools))
 
     @property
     def arguments_chars(self) -> int:
-        return self._core.arguments_chars
+        return self._core.options.arguments_chars
 
     @property
     def output_chars(self) -> int:
-        return self._core.output_chars
+        return self._core.options.output_chars
 
     @property
     def redactor(self) -> Redactor:
-        return self._core.redactor
+        return self._core.options.redactor
 
     @property
     def store_arguments(self) -> bool:
-        return self._core.store_arguments
+        return self._core.options.store_arguments
 
     @property
     def block_on_pending_llm_calls(self) -> bool:
-        return self._core.block_on_pending_llm_calls
+        return self._core.options.block_on_pending_llm_calls
 
     @property
     def store_outputs(self) -> bool:
-        return self._core.stored_output_limit is not None
+        return self._core.options.stored_output_limit is not None
 
     @property
     def max_stored_output_bytes(self) -> int | None:
         """The largest output (JSON bytes) a terminal record stores; None without store_outputs."""
-        return self._core.stored_output_limit
+        return self._core.options.stored_output_limit
 
     @property
     def replay_window(self) -> int:
@@ -240,20 +245,12 @@ class ToolJournal:
         state = "closed" if self._core.closed else "open"
         return f"<walj.ToolJournal {self._log.path!r} {state}>"
 
-    def write_settlements(self) -> None:
-        """Write queued settlements now (from a worker thread); errors stay queued or poison."""
-        self._core.write_settlements()
-
     # --- turns and LLM calls --------------------------------------------------------------------
 
     def turn(self) -> Turn:
         """`with journal.turn() as turn:` (or `async with`). One live turn at a time."""
         self._core.check_open()
         return Turn(self._core)
-
-    def _live_turn(self) -> Turn | None:
-        live = self._core.live_turn
-        return live if isinstance(live, Turn) else None
 
     # --- observers ------------------------------------------------------------------------------
 
@@ -265,26 +262,29 @@ class ToolJournal:
         """Tell `observer` of every execution that starts and every resolution from now on.
         TypeError if it lacks a hook; ValueError if it was added already."""
         (checked,) = check_observers((observer,))
-        core = self._core
-        with core.lock:  # a new tuple: a dispatch under way keeps the one it started with
-            if any(o is checked for o in core.observers):
+
+        def added(observers: tuple[ToolObserver, ...]) -> tuple[ToolObserver, ...]:
+            if any(o is checked for o in observers):
                 raise ValueError(f"observer {type(checked).__name__} was already added")
-            core.observers = (*core.observers, checked)
+            return (*observers, checked)
+
+        self._core.replace_observers(added)
 
     def remove_observer(self, observer: ToolObserver) -> None:
         """Stop telling `observer`; a dispatch under way still ends with it. ValueError if it
         was not added."""
-        core = self._core
-        with core.lock:
-            if not any(o is observer for o in core.observers):
+        def removed(observers: tuple[ToolObserver, ...]) -> tuple[ToolObserver, ...]:
+            if not any(o is observer for o in observers):
                 raise ValueError(f"observer {type(observer).__name__} was not added")
-            core.observers = tuple(o for o in core.observers if o is not observer)
+            return tuple(o for o in observers if o is not observer)
+
+        self._core.replace_observers(removed)
 
     def llm_call(self, *, model: str | None = None, request: Any = None) -> LLMCall:
         """`with journal.llm_call(model=..., request=...) as call:` then `call.finish(response)`.
         An interrupt leaves it pending; pending calls are reported on open."""
         self._core.check_not_ended()
-        live = self._core.live_turn
+        live = self._core.live_turn()
         return LLMCall(self._core, live.sequence if live is not None else None, model, request)
 
     def handle_function_calls(
@@ -298,27 +298,19 @@ class ToolJournal:
         core = self._core
         core.check_open()
         normalised = normalise_calls(calls, lambda arguments: describe_arguments(
-            arguments, core.arguments_chars, core.redactor, FAST_CANONICAL))
-        live = self._live_turn()
-        if live is not None:
-            return self._run_calls(live, normalised, registry)
-        with self.turn() as turn:
-            return self._run_calls(turn, normalised, registry)
+            arguments, core.options.arguments_chars, core.options.redactor, FAST_CANONICAL))
+        def find(name: str) -> Tool | None:
+            return lookup(registry, name) if registry is not None else core.options.tools.get(name)
 
-    def _run_calls(self, turn: Turn, calls: list[Any], registry: Any) -> list[dict[str, Any]]:
-        results: list[dict[str, Any]] = []
-        for index, call in enumerate(calls):
-            if call.problem is not None:
-                results.append(error_result(call, index, call.problem))
-                continue
-            tool = lookup(registry, call.name) if registry is not None else (
-                self._core.tools.get(call.name))
-            if tool is None:
-                results.append(error_result(call, index, f"unknown tool {call.name!r}"))
-                continue
-            result = turn._dispatch(call.name, call.arguments, call.call_id, tool, call.digest)
-            results.append(result.as_dict())
-        return results
+        def run(turn: Turn) -> list[dict[str, Any]]:
+            return call_results(normalised, find, lambda call, index, tool: turn._dispatch(
+                call.name, call.arguments, call.call_id, tool, call.digest).as_dict())
+
+        live = self._core.live_turn()
+        if isinstance(live, Turn):
+            return run(live)
+        with self.turn() as turn:
+            return run(turn)
 
     # --- resolution -----------------------------------------------------------------------------
 
@@ -364,7 +356,8 @@ class ToolJournal:
         its copy read back and verified; one that was not is kept. An unresolved blocker is
         never lost: the checkpoint carries it. Refused while a turn is live (TurnError)."""
         self._core.check_open()
-        return _compact.compact(self._core, keep_turns, archive, storage_options)
+        return _compact.compact(self._core, keep_turns, archive, storage_options,
+                                type(self).archiver)
 
     # --- closing --------------------------------------------------------------------------------
 
@@ -382,7 +375,7 @@ class ToolJournal:
         if self._core.closed and self._core.state.ended_seq is not None:
             self._core.close()  # finishes a close an interrupt stopped; else does nothing
             return
-        self._core.end_session()
+        _compact.end_session(self._core)
 
     @property
     def ended(self) -> bool:
@@ -399,32 +392,3 @@ class ToolJournal:
         except WaljError:
             if exc is None:
                 raise  # else the exception in flight (often the cause) goes on unmasked
-
-
-def handle_function_calls(
-    calls: Sequence[Any], registry: Any, journal: ToolJournal | None = None
-) -> list[dict[str, Any]]:
-    """Run function calls and return one dict per call with exactly the keys name, call_id,
-    arguments, output and error. With a journal, each call goes through its durable dispatch;
-    without one, handlers are simply called and exceptions become errors."""
-    if journal is not None:
-        return journal.handle_function_calls(calls, registry)
-    normalised = normalise_calls(calls)
-    results: list[dict[str, Any]] = []
-    for index, call in enumerate(normalised):
-        if call.problem is not None:
-            results.append(error_result(call, index, call.problem))
-            continue
-        tool = lookup(registry, call.name)
-        if tool is None:
-            results.append(error_result(call, index, str(UnknownToolError(
-                f"unknown tool {call.name!r}"))))
-            continue
-        entry = error_result(call, index, "")
-        try:
-            entry["output"] = invoke(tool, call.arguments, None)
-            entry["error"] = None
-        except Exception as exc:
-            entry["error"] = describe_error(exc)
-        results.append(entry)
-    return results

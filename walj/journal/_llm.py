@@ -13,9 +13,10 @@ from . import _writes
 from ._aio import in_worker, run_through
 from ._core import Core
 from ._fingerprint import FAST_CANONICAL, describe_output
+from ._slots import LLMSlot
 
 
-class LLMCall:
+class LLMCall(LLMSlot):
     """Brackets one LLM request: llm_call_started, then llm_call_finished on leaving the block.
     An interrupt (not an Exception) leaves it pending, and pending calls are reported on open."""
 
@@ -23,14 +24,13 @@ class LLMCall:
                  request: Any) -> None:
         if model is not None and not isinstance(model, str):
             raise TypeError("model must be a string or None")
+        super().__init__(os.urandom(16).hex())
         self._core = core
         self.turn_sequence = turn_sequence
         self.model = model
         self.request = request
         self.response: Any = None
-        self.llm_call_id = os.urandom(16).hex()
         self._entered = False
-        self._abandoned = False  # set under the journal's state lock: never (again) live
 
     def finish(self, response: Any) -> None:
         """Keep the response: its fingerprint and preview go into llm_call_finished."""
@@ -39,22 +39,14 @@ class LLMCall:
     def _started(self) -> None:
         core = self._core
         digest = None if self.request is None else describe_output(
-            self.request, core.arguments_chars, core.redactor, FAST_CANONICAL)
+            self.request, core.options.arguments_chars, core.options.redactor, FAST_CANONICAL)
         record = _writes.llm_started(self.llm_call_id, self.turn_sequence, self.model, digest,
-                                     core.block_on_pending_llm_calls)
-
-        def live(seq: int) -> None:
-            if not self._abandoned:
-                core.live_llm.add(self.llm_call_id)
-
-        core.write(record, durable=False, on_fed=live)
+                                     core.options.block_on_pending_llm_calls)
+        core.start_llm(self, record)
 
     def _leave(self) -> None:
         """Not in flight any more, in this process; idempotent."""
-        core = self._core
-        with core.lock:
-            self._abandoned = True
-            core.live_llm.discard(self.llm_call_id)
+        self._core.leave_llm(self)
 
     def _finished(self, exc: BaseException | None) -> None:
         core = self._core
@@ -62,7 +54,7 @@ class LLMCall:
             self._leave()  # an interrupt: left pending, as after a crash
             return
         digest = None if exc is not None or self.response is None else describe_output(
-            self.response, core.output_chars, core.redactor, FAST_CANONICAL)
+            self.response, core.options.output_chars, core.options.redactor, FAST_CANONICAL)
         core.write(_writes.llm_finished(self.llm_call_id, digest, exc), durable=False)
         self._leave()
 
@@ -105,5 +97,5 @@ class LLMCall:
         except BaseException:
             self._leave()
             # As a turn's exit: llm_call_finished may be in a worker's write right now.
-            await run_through(asyncio.get_running_loop(), self._core.write_settlements)
+            await run_through(asyncio.get_running_loop(), self._core.write_queued)
             raise

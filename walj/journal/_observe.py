@@ -17,7 +17,7 @@ An observer's `Exception` is caught and logged (logger `walj.journal`, level WAR
 traceback) and changes nothing: the call's outcome and records are what they would be without
 it. An interrupt (KeyboardInterrupt, SystemExit) inside an observer propagates like one that
 lands at that point of dispatch without observers: `on_start` runs before anything is written
-and `on_end` after the record is settled, both inside the dispatch's own interrupt handling.
+and `on_end` after the terminal record, both inside the dispatch's own interrupt handling.
 Without observers, a dispatch pays for one attribute check.
 """
 

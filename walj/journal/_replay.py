@@ -9,6 +9,7 @@ from ..errors import CorruptionError
 from . import _records as rc
 from . import _writes
 from ._callindex import Forgotten
+from ._compact import settling_records
 from ._core import Core
 from ._tools import ToolContext, ToolResult
 
@@ -25,8 +26,7 @@ _NOT_STORED_WHY = {
 def may_answer(core: Core, call_id: str) -> bool:
     """Quick, without the write lock (an event loop may ask): whether `answer` may find the
     call id settled. False is final for this dispatch; `answer` decides the rest."""
-    with core.lock:
-        return core.state.calls.find(call_id) is not None
+    return core.view(lambda state: state.calls.find(call_id)) is not None
 
 
 def answer(core: Core, context: ToolContext, arguments: dict[str, Any]) -> ToolResult | None:
@@ -34,11 +34,10 @@ def answer(core: Core, context: ToolContext, arguments: dict[str, Any]) -> ToolR
     has settled, with its durable record written; None when the call id is not settled (the
     dispatch then goes on: the blocked check, the intent, the handler). One step under the
     write lock, so the state takes the record as a reopen would."""
-    with core.write_lock:
+    with core.writing():
         core.check_open()
-        core.write_settlements()
-        with core.lock:
-            found = core.state.calls.find(context.call_id)
+        core.write_queued()
+        found = core.view(lambda state: state.calls.find(context.call_id))
         if found is None:
             return None
         call = repr(context.call_id)
@@ -47,7 +46,8 @@ def answer(core: Core, context: ToolContext, arguments: dict[str, Any]) -> ToolR
                 f"call id {call} may have been settled before this journal's replay window "
                 f"(its last {found.window} settled calls), so its outcome cannot be answered; "
                 "walj does not run it again. Use a new call id for a new call."))
-        settling, settled_seq = core.read_settling(found.seq, context.call_id)
+        settling, settled_seq = settling_records(core, [(context.call_id, found.seq)])[
+            context.call_id]
         settled_id = settling.get("execution_id")
         if not isinstance(settled_id, str):
             raise CorruptionError(f"journal record {found.seq} names no execution", seq=found.seq,

@@ -90,12 +90,13 @@ class Picker:
             return 0
         if len(ids) == PICK_UP_LIMIT:
             self.watch.retry()  # more may wait
-        if not core.resolve_lock.acquire(blocking=blocking):
+        resolving, writing = core.resolving(), core.writing()
+        if not resolving.acquire(blocking=blocking):
             self.watch.retry()
             return 0
         try:
             self._busy.on = True
-            if not core.write_lock.acquire(blocking=blocking):
+            if not writing.acquire(blocking=blocking):
                 self.watch.retry()
                 return 0
             try:
@@ -106,10 +107,10 @@ class Picker:
                     answered += self._apply(request_id, moment)
                 return answered
             finally:
-                core.write_lock.release()
+                writing.release()
         finally:
             self._busy.on = False
-            core.resolve_lock.release()
+            resolving.release()
 
     def _apply(self, request_id: str, moment: str) -> int:
         """With both locks held: answer one request durably, then remove its file."""
@@ -147,10 +148,10 @@ class Picker:
         if moment == ON_OPEN:
             raise ResolutionError("no process held the journal: it was free when it was "
                                   "opened", reason="not_held")
-        if not core.release_on_request:
+        if not core.options.release_on_request:
             raise ResolutionError("the journal was not opened with release_on_request=True",
                                   reason="release_not_enabled")
-        allowed = core.release_on_request
+        allowed = core.options.release_on_request
         if moment != WHILE_IDLE or not core.idle() or (callable(allowed) and not allowed()):
             self.watch.retry()  # the watcher looks again in a second
             return 0

@@ -11,7 +11,7 @@ from ..log import read
 from . import _records as rc
 from . import _writes
 from ._core import Core
-from ._damage import REVIEWED
+from ._damage import REVIEWED, unrecorded
 from ._observe import resolved as observed
 from ._records import Resolution
 
@@ -73,8 +73,7 @@ def resolve(core: Core, execution_id: Any, outcome: Any, *, note: Any, actor: An
             output: Any, request: Request | None = None) -> Resolution:
     """A person's resolution of an execution, a pending LLM call or bytes recovery cut; see
     ToolJournal.resolve. `request`: the resolution request this answers, if any."""
-    with core.lock:
-        is_cut = isinstance(execution_id, str) and execution_id in core.state.cuts.cuts
+    is_cut = isinstance(execution_id, str) and core.view(lambda s: execution_id in s.cuts.cuts)
     if is_cut or outcome == REVIEWED:
         return _resolve_cut(core, execution_id, outcome, note=note, actor=actor,
                             request=request)
@@ -87,26 +86,24 @@ def resolve(core: Core, execution_id: Any, outcome: Any, *, note: Any, actor: An
     if outcome == "failed" and not (note and note.strip()):
         raise ResolutionError("a 'failed' resolution needs a note saying what failed",
                               reason="note_required")
-    return settle(core, execution_id, outcome, note=note, actor=actor, output=output,
-                  request=request)
+    return write_resolution(core, execution_id, outcome, note=note, actor=actor,
+                            output=output, request=request)
 
 
-def settle(core: Core, execution_id: Any, outcome: str, *, note: str | None,
+def write_resolution(core: Core, execution_id: Any, outcome: str, *, note: str | None,
            actor: str, output: Any = None, request: Request | None = None) -> Resolution:
     """Write the durable resolution of an open execution or LLM call, or refuse."""
     if not isinstance(execution_id, str) or not execution_id:
         raise ResolutionError(f"unknown execution id {execution_id!r}", reason="unknown")
     # One resolution at a time, so two racing resolvers cannot both pass the check; under the
-    # write lock, after the queued settlements, so a terminal record already decided wins.
-    with core.resolve_lock, core.write_lock:
-        core.write_settlements()
-        with core.lock:
-            state = core.state
-            if execution_id in core.live or execution_id in core.live_llm:
-                raise ResolutionError(f"execution {execution_id} is running in this process",
-                                      reason="in_flight")
-            is_tool = execution_id in state.executions
-            is_llm = execution_id in state.llm_calls
+    # write lock, after the queued records, so a terminal record already decided wins.
+    with core.resolving(), core.writing():
+        core.write_queued()
+        if core.in_flight(execution_id):
+            raise ResolutionError(f"execution {execution_id} is running in this process",
+                                  reason="in_flight")
+        is_tool, is_llm = core.view(lambda s: (execution_id in s.executions,
+                                               execution_id in s.llm_calls))
         if not (is_tool or is_llm):
             raise _not_open(core, execution_id)
         record = _answering(_writes.resolved(rc.RESOLVED if is_tool else rc.LLM_RESOLVED,
@@ -129,12 +126,10 @@ def _resolve_cut(core: Core, quarantine_file: Any, outcome: Any, *, note: Any,
     if not (note and note.strip()):
         raise ResolutionError("resolving damage needs a note saying what the cut bytes held and "
                               "what was done about it", reason="note_required")
-    with core.resolve_lock, core.write_lock:
-        core.write_settlements()
-        with core.lock:
-            cuts = core.state.cuts
-            open_cut = quarantine_file in cuts.damage
-            known = quarantine_file in cuts.cuts
+    with core.resolving(), core.writing():
+        core.write_queued()
+        open_cut, known = core.view(lambda s: (quarantine_file in s.cuts.damage,
+                                               quarantine_file in s.cuts.cuts))
         if not open_cut:
             if known:
                 raise ResolutionError(f"cut {quarantine_file} does not block (a crash explains "
@@ -180,13 +175,12 @@ def resolve_turn(core: Core, turn_sequence: Any, *, note: Any, actor: Any,
     check_note(note)
     if type(turn_sequence) is not int:
         raise ResolutionError(f"unknown turn {turn_sequence!r}", reason="unknown")
-    with core.resolve_lock, core.write_lock:
-        with core.lock:
-            state = core.state
-            live = core.live_turn
-            if live is not None and live.sequence == turn_sequence:
-                raise ResolutionError(f"turn {turn_sequence} is live", reason="in_flight")
-            turn = state.turns.get(turn_sequence)
+    with core.resolving(), core.writing():
+        live = core.live_turn()
+        if live is not None and live.sequence == turn_sequence:
+            raise ResolutionError(f"turn {turn_sequence} is live", reason="in_flight")
+        state = core.state
+        turn = core.view(lambda s: s.turns.get(turn_sequence))
         if turn is None:
             if 1 <= turn_sequence <= state.max_turn:
                 raise ResolutionError(f"turn {turn_sequence} completed",
@@ -201,11 +195,21 @@ def resolve_turn(core: Core, turn_sequence: Any, *, note: Any, actor: Any,
     return observed(core.observers, resolution) if core.observers else resolution
 
 
-def settle_automatically(core: Core) -> None:
+def record_cuts(core: Core) -> None:
+    """On open: a durable log_cut record for each cut in quarantine/ not yet recorded, so a
+    cut that no crash explains blocks from now on, here and after every reopen. A crash
+    between a cut and its record leaves the manifest line, and the next open records it."""
+    with core.writing():
+        for record in unrecorded(core.log.quarantined(), core.state.cuts, core.log.cut_lines,
+                                 _writes.now()):
+            core.write(record, durable=True)
+
+
+def resolve_automatically(core: Core) -> None:
     """On open: each interrupted execution of a registered tool asks the tool's reconcile hook,
-    then its on_ambiguous policy. Every settlement is a durable resolution with its actor."""
+    then its on_ambiguous policy. Each answer is a durable resolution with its actor."""
     for blocker in core.state.snapshot().blockers:
-        tool = core.tools.get(blocker.tool or "")
+        tool = core.options.tools.get(blocker.tool or "")
         if tool is None or blocker.execution_id is None or blocker.state not in (
                 rc.STATE_STARTED, rc.STATE_AMBIGUOUS):
             continue
@@ -217,14 +221,14 @@ def settle_automatically(core: Core) -> None:
                 core.write(_writes.reconcile_failed(eid, name, exc), durable=False)
                 continue
             if verdict is not None:
-                settle(core, eid, verdict, actor=f"reconcile:{name}",
+                write_resolution(core, eid, verdict, actor=f"reconcile:{name}",
                        note=f"the reconcile hook of {name!r} answered {verdict!r}")
                 continue
         if tool.on_ambiguous == "assume_done":
-            settle(core, eid, "succeeded", actor="policy",
+            write_resolution(core, eid, "succeeded", actor="policy",
                    note=f"on_ambiguous='assume_done' for tool {name!r}")
         elif tool.on_ambiguous == "rerun":
-            settle(core, eid, "rerun", actor="policy",
+            write_resolution(core, eid, "rerun", actor="policy",
                    note=f"on_ambiguous='rerun' for tool {name!r}: safe to dispatch again")
 
 

@@ -107,23 +107,19 @@ def request_release(path: str | os.PathLike[str], *, actor: str, note: str | Non
     next_seq = _end(path)
     request_id = post_request(path, request_fields(RELEASE, None, None, note, actor, now()))
     deadline = time.monotonic() + seconds
-    probe_at = time.monotonic() + _PROBE
-    while True:
-        found, next_seq = _answer_of(path, request_id, next_seq)
-        if found is not None and found[1].get("kind") == rc.REQUEST_REFUSED:
+
+    def answered(found: tuple[int, dict[str, Any]]) -> SessionResolution:
+        if found[1].get("kind") == rc.REQUEST_REFUSED:
             return _outcome_of(path, request_id, *found)
-        if found is not None:  # released; the holder closes the log right after the record
-            while not _free(path) and time.monotonic() < deadline:
-                time.sleep(_POLL)
-            return SessionResolution(APPLIED, request_id=request_id)
-        if time.monotonic() >= deadline:
-            return SessionResolution(QUEUED, request_id=request_id)
-        if time.monotonic() >= probe_at:
-            probe_at = time.monotonic() + _PROBE
-            if _free(path):  # the holder went away: its opener refused the request as not_held
-                return SessionResolution(APPLIED, request_id=request_id)
-            continue
-        time.sleep(min(_POLL, max(0.0, deadline - time.monotonic())))
+        # Released; the holder closes the log right after the record.
+        while not _free(path) and time.monotonic() < deadline:
+            time.sleep(_POLL)
+        return SessionResolution(APPLIED, request_id=request_id)
+
+    def gone() -> SessionResolution | None:  # its opener refused the request as not_held
+        return SessionResolution(APPLIED, request_id=request_id) if _free(path) else None
+
+    return _wait_for_answer(path, request_id, next_seq, deadline, answered, gone)
 
 
 def _free(path: str | os.PathLike[str]) -> bool:
@@ -150,17 +146,33 @@ def _ask(path: str | os.PathLike[str], kind: str, target: Any, outcome: str | No
         return done
     next_seq = _end(path)
     request_id = post_request(path, request_fields(kind, target, outcome, note, actor, now()))
-    deadline = time.monotonic() + seconds
+
+    def gone() -> None:  # if the holder went away, opening applies pending requests
+        _open_and_close(path)
+
+    return _wait_for_answer(path, request_id, next_seq, time.monotonic() + seconds,
+                            lambda found: _outcome_of(path, request_id, *found), gone)
+
+
+def _wait_for_answer(path: str | os.PathLike[str], request_id: str, next_seq: int,
+                     deadline: float,
+                     answered: Callable[[tuple[int, dict[str, Any]]], SessionResolution],
+                     gone: Callable[[], SessionResolution | None]) -> SessionResolution:
+    """Follow the log for the record that answers `request_id` (then `answered`) until
+    `deadline` (then queued), looking now and then whether the holder went away (`gone`,
+    whose outcome, if any, ends the wait)."""
     probe_at = time.monotonic() + _PROBE
     while True:
         found, next_seq = _answer_of(path, request_id, next_seq)
         if found is not None:
-            return _outcome_of(path, request_id, *found)
+            return answered(found)
         if time.monotonic() >= deadline:
             return SessionResolution(QUEUED, request_id=request_id)
         if time.monotonic() >= probe_at:
             probe_at = time.monotonic() + _PROBE
-            _open_and_close(path)  # the holder went away: opening applies pending requests
+            done = gone()
+            if done is not None:
+                return done
             continue
         time.sleep(min(_POLL, max(0.0, deadline - time.monotonic())))
 
@@ -271,7 +283,7 @@ def _from_record(seq: int, record: dict[str, Any]) -> Resolution:
 
 
 def known_ids(path: str | os.PathLike[str]) -> set[str]:
-    """Every execution, LLM call and cut id the log names (open, settled or resolved, and those
+    """Every execution, LLM call and cut id the log names (open, finished or resolved, and those
     a checkpoint carries), read without a lock: what an id prefix is expanded against."""
     found: set[str] = set()
     for _, data in _records(path, 0):

@@ -1,5 +1,5 @@
 """Tools and calls: the Tool registration, the context and result types, handler invocation,
-function-call normalisation, and handle_function_calls without a journal."""
+function-call normalisation, and handle_function_calls (through a journal or without one)."""
 
 from __future__ import annotations
 
@@ -7,17 +7,15 @@ import inspect
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from .._codec import NestingError
 from ..errors import SerializationError, ToolBlocked, ToolCancelled
 from ._fingerprint import ERROR_CHARS as ERROR_CHARS
-from ._fingerprint import Digest
+from ._fingerprint import Digest, describe_error
 from ._recovery import Blocker
 
 ON_AMBIGUOUS = ("fail", "assume_done", "rerun")
-OUTCOMES = ("ok", "error", "cancelled", "blocked", "refused")
-RESULT_KEYS = ("name", "call_id", "arguments", "output", "error")
 
 Reconcile = Callable[[Blocker], "str | None"]
 
@@ -250,3 +248,44 @@ def error_result(call: Call, index: int, message: str) -> dict[str, Any]:
         "output": None,
         "error": message,
     }
+
+
+class _Journal(Protocol):  # ToolJournal, which imports this module
+    def handle_function_calls(self, calls: Sequence[Any],
+                              registry: Any = None) -> list[dict[str, Any]]: ...
+
+
+def handle_function_calls(
+    calls: Sequence[Any], registry: Any, journal: _Journal | None = None
+) -> list[dict[str, Any]]:
+    """Run function calls and return one dict per call with exactly the keys name, call_id,
+    arguments, output and error. With a journal, each call goes through its durable dispatch;
+    without one, handlers are simply called and exceptions become errors."""
+    if journal is not None:
+        return journal.handle_function_calls(calls, registry)
+
+    def run(call: Call, index: int, tool: Tool) -> dict[str, Any]:
+        entry = error_result(call, index, "")
+        try:
+            entry["output"] = invoke(tool, call.arguments, None)
+            entry["error"] = None
+        except Exception as exc:
+            entry["error"] = describe_error(exc)
+        return entry
+
+    return call_results(normalise_calls(calls), lambda name: lookup(registry, name), run)
+
+
+def call_results(calls: list[Call], find: Callable[[str], Tool | None],
+             run: Callable[[Call, int, Tool], dict[str, Any]]) -> list[dict[str, Any]]:
+    """One result dict per call: an error for a call that could not be read or names no
+    tool, else what `run` made of it."""
+    results: list[dict[str, Any]] = []
+    for index, call in enumerate(calls):
+        if call.problem is not None:
+            results.append(error_result(call, index, call.problem))
+        elif (tool := find(call.name)) is None:
+            results.append(error_result(call, index, f"unknown tool {call.name!r}"))
+        else:
+            results.append(run(call, index, tool))
+    return results
