@@ -11,13 +11,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import WaljError
-from ..journal import Blocker, Recovery, resolve_session, resolve_session_turn
-from ..journal._compact import end_idle as end_idle_journal
+from ..journal import (
+    DEFAULT_WAIT,
+    Blocker,
+    Recovery,
+    known_ids,
+    resolve_session,
+    resolve_session_turn,
+)
+from ..journal import end_idle as end_idle_journal
 from ..journal._damage import CutLedger, unrecorded
 from ..journal._decode import decode_record, time_of, turn_number
 from ..journal._records import record_kind, subject_of
 from ..journal._recovery import MAX_KEEP_TURNS, RecoveryState
-from ..journal._session_resolve import DEFAULT_WAIT, known_ids
 from ..log.quarantine import cut_lines, read_manifest
 
 __all__ = ["DEFAULT_WAIT", "MAX_KEEP_TURNS", "Blocker", "Rebuild", "Recovery", "RecoveryState",

@@ -188,7 +188,7 @@ def end_idle(path: str, idle_since: float) -> int:
     its writer (Busy if it is open), refuse if it is blocked or has a record newer than
     `idle_since` (Kept). Returns its last seq once ended."""
     with _unblocked_writer(path, "to end it") as journal:
-        last_seq = end_idle_journal(journal._core, idle_since)
+        last_seq = end_idle_journal(journal, idle_since)
     if last_seq is None:
         raise Kept("changed since it was checked: a record newer than --older-than")
     return last_seq

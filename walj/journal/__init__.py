@@ -34,18 +34,20 @@ from its last checkpoint), _journal (ToolJournal).
 from __future__ import annotations
 
 from ._compact import CompactReport
-from ._journal import ToolJournal
+from ._journal import ToolJournal, end_idle
 from ._observe import ExecutionEnd, ToolObserver
 from ._records import Blocker, Cut, IncompleteTurn, PendingLLMCall, Recovery, Resolution
 from ._session_resolve import (
+    DEFAULT_WAIT,
     SessionResolution,
+    known_ids,
     request_release,
     resolve_session,
     resolve_session_turn,
 )
 from ._tools import Tool, ToolContext, ToolResult, handle_function_calls
 
-__all__ = ["Blocker", "CompactReport", "Cut", "ExecutionEnd", "IncompleteTurn", "PendingLLMCall",
-           "Recovery", "Resolution", "SessionResolution", "Tool", "ToolContext", "ToolJournal",
-           "ToolObserver", "ToolResult", "handle_function_calls", "request_release",
-           "resolve_session", "resolve_session_turn"]
+__all__ = ["DEFAULT_WAIT", "Blocker", "CompactReport", "Cut", "ExecutionEnd", "IncompleteTurn",
+           "PendingLLMCall", "Recovery", "Resolution", "SessionResolution", "Tool", "ToolContext",
+           "ToolJournal", "ToolObserver", "ToolResult", "end_idle", "handle_function_calls",
+           "known_ids", "request_release", "resolve_session", "resolve_session_turn"]

@@ -392,3 +392,10 @@ class ToolJournal:
         except WaljError:
             if exc is None:
                 raise  # else the exception in flight (often the cause) goes on unmasked
+
+
+def end_idle(journal: ToolJournal, idle_since: float) -> int | None:
+    """Retention's end of an idle session, on a journal it opened as the writer: `session_ended`
+    carrying the last activity's time, written only if nothing is newer than `idle_since`.
+    Returns the log's last seq once ended; None, nothing written, when the session is not idle."""
+    return _compact.end_idle(journal._core, idle_since)
