@@ -130,6 +130,9 @@ class ArchiveView(FileSystem):
         handle.seek(offset)
         return handle.read(size) or b""
 
+    def seek(self, fd: int, offset: int) -> None:
+        self._handles[fd][0].seek(offset)
+
     def fstat_size(self, fd: int) -> int:
         handle, size = self._handles[fd]
         if size is not None:

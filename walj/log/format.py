@@ -40,6 +40,12 @@ SEQ_TAG = b'"seq":'
 DATA_TAG = b',"data":'
 HEADER_TAG = b'"header":'
 SEAL_TAG = b'"seal":'
+# A data line's body up to its record, with the seq to fill in; and a line's start up to its
+# body, with the checksum to fill in. The append path and the reader's hot loop format them.
+RECORD_TAG = SEQ_TAG + b"%d" + DATA_TAG
+FRAME_HEAD = PREFIX + b'%016x",'
+_RECORD_BODY = RECORD_TAG + b"%b}"
+_LINE = FRAME_HEAD + b"%b\n"
 
 # Bytes a data line adds around the record's JSON: prefix, checksum, seq of up to 20 digits, tags.
 LINE_OVERHEAD = 128
@@ -64,14 +70,14 @@ def checksum(body: bytes | memoryview) -> bytes:
 
 def frame(body: bytes) -> bytes:
     """Turn a body (the JSON object without its opening brace) into one checksummed line."""
-    return PREFIX + checksum(body) + b'",' + body + b"\n"
+    return _LINE % (xxh64_intdigest(body), body)
 
 
 def frame_record(seq: int, data: bytes) -> bytes:
     """The whole line for record `seq` whose JSON is `data`: `frame` with the body inlined,
     because this is the append hot path."""
-    body = b'"seq":%d,"data":%b}' % (seq, data)
-    return b'{"xxh64":"%016x",%b\n' % (xxh64_intdigest(body), body)
+    body = _RECORD_BODY % (seq, data)
+    return _LINE % (xxh64_intdigest(body), body)
 
 
 def encode_record(record: Any) -> bytes:

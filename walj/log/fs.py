@@ -137,6 +137,10 @@ class FileSystem:
     def pread(self, fd: int, size: int, offset: int) -> bytes:
         return os.pread(fd, size, offset)
 
+    def seek(self, fd: int, offset: int) -> None:
+        """Where the next `read` of `fd` starts (a reader resuming at an offset)."""
+        os.lseek(fd, offset, os.SEEK_SET)
+
     def write(self, fd: int, data: bytes) -> int:
         return os.write(fd, data)
 
