@@ -57,6 +57,11 @@ class ArchiveView(FileSystem):
                             if fmt.segment_index(name) is not None}
         return self._remote
 
+    def refresh(self) -> None:
+        """List the archived objects again at the next read: a reader that follows an archive
+        sees what ship added (or repaired) since."""
+        self._remote = None
+
     def _local_names(self) -> list[str]:
         if self.local is None:
             return []
