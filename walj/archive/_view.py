@@ -173,9 +173,6 @@ class ArchiveView(FileSystem):
         has the length and SHA-256 of its manifest line)."""
         return list(self.quarantine().cuts)
 
-    def is_symlink(self, path: str) -> bool:
-        return stat.S_ISLNK(self.stat(path).st_mode)
-
     # --- the seam, write side: refused ---
 
     def open_append(self, path: str) -> int:

@@ -17,8 +17,9 @@ from .fs import DEFAULT_FS, FileSystem, read_regular, refuse_hard_link, write_al
 from .lines import CHUNK_BYTES, LineReader
 from .segment import TAIL_KINDS
 
-__all__ = ["MANIFEST", "MANIFEST_LIMIT", "QUARANTINE_DIR", "CutLine", "Quarantined", "cut_lines",
-           "cut_segment", "manifest_entry", "plain_name", "read_manifest"]
+__all__ = ["MANIFEST", "MANIFEST_LIMIT", "QUARANTINE_DIR", "CutLine", "Quarantined",
+           "check_quarantine_dir", "cut_lines", "cut_segment", "manifest_entry", "plain_name",
+           "read_manifest"]
 
 # A manifest holds one short line per cut; more than this is not a manifest walj wrote.
 MANIFEST_LIMIT = 64 << 20
@@ -64,7 +65,7 @@ def cut_segment(
         if offset:
             cut = _open_own(fs, fs.open_append, seg_path)
         if QUARANTINE_DIR in fs.listdir(directory):
-            _check_quarantine_dir(fs, qdir)
+            check_quarantine_dir(fs, qdir)
         else:
             fs.mkdir(qdir)
         # Also when it was there: its maker may have died before this sync, and the cut below
@@ -139,14 +140,16 @@ def _open_own(fs: FileSystem, opener: Callable[[str], int], path: str) -> int:
     return fd
 
 
-def _check_quarantine_dir(fs: FileSystem, qdir: str) -> None:
+def check_quarantine_dir(fs: FileSystem, qdir: str, *,
+                         why: str = "cut bytes would not stay in the log") -> None:
+    """Refuse (CorruptionError) a `quarantine` that is a symbolic link or no directory: `why`
+    says what it would cost."""
     st = fs.stat(qdir)
     if not stat.S_ISDIR(st.st_mode):
         link = stat.S_ISLNK(st.st_mode)
         what = "a symbolic link" if link else "not a directory"
-        raise CorruptionError(f"{qdir} is {what}: cut bytes would not stay in the log; refused",
-                              file=QUARANTINE_DIR, offset=0,
-                              kind="symlink" if link else "not_a_directory")
+        raise CorruptionError(f"{qdir} is {what}: {why}; refused", file=QUARANTINE_DIR,
+                              offset=0, kind="symlink" if link else "not_a_directory")
 
 
 @dataclass(frozen=True)
@@ -169,7 +172,7 @@ def read_manifest(directory: str) -> list[Quarantined]:
     except FileNotFoundError:
         return []
     if not stat.S_ISDIR(st.st_mode):
-        return []  # a writer refuses it when it has to cut (_check_quarantine_dir)
+        return []  # a writer refuses it when it has to cut (check_quarantine_dir)
     try:
         raw = read_regular(os.path.join(qdir, MANIFEST), MANIFEST_LIMIT)
     except FileNotFoundError:

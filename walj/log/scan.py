@@ -11,7 +11,7 @@ from functools import partial
 from ..errors import CorruptionError, UnsupportedVersionError
 from . import format as fmt
 from ._base import Base, base_mismatch, find_start
-from .fs import DEFAULT_FS, FileSystem, not_regular, refuse_hard_link
+from .fs import DEFAULT_FS, FileSystem, file_kind, not_regular, refuse_hard_link
 from .segment import TAIL_KINDS, Problem, SegmentScan, bad_line_kind, read_ends
 
 __all__ = ["MODES", "LogScan", "TornTail", "check_for_writer", "corruption", "list_segments"]
@@ -63,7 +63,7 @@ def list_segments(fs: FileSystem, directory: str) -> tuple[list[tuple[int, str]]
             refused.append(Problem(name, 0, None, "symlink", "segment is a symbolic link"))
         elif not stat.S_ISREG(mode):
             refused.append(Problem(name, 0, None, "not_a_regular_file",
-                                   f"segment is {_file_type(mode)}, not a regular file"))
+                                   f"segment is {file_kind(mode)[1]}, not a regular file"))
         else:
             found.append((index, name))
     found.sort()
@@ -88,16 +88,6 @@ def check_for_writer(fs: FileSystem, directory: str) -> list[str]:
                 raise not_regular(path, st)
             stale.append(name)
     return stale
-
-
-def _file_type(mode: int) -> str:
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    return "a device or other special file"
 
 
 def corruption(problem: Problem) -> CorruptionError:

@@ -102,9 +102,6 @@ class SegmentScan:
         tail, or a verified line after one): `read_more` reads nothing more."""
         return self.valid_after_problem or any(p.kind not in TAIL_KINDS for p in self.problems)
 
-    def __iter__(self) -> Iterator[tuple[int, bytes]]:
-        return self.read_more()
-
     def read_more(self) -> Generator[tuple[int, bytes], None, None]:
         """Yield the records from where the last read stopped to the end of the file as it is
         now: the whole segment at first, then what was appended since (see the class)."""
@@ -119,6 +116,8 @@ class SegmentScan:
         finally:
             self.fs.close(fd)
         self._check_seal_digest()
+
+    __iter__ = read_more
 
     def _forget_tail(self) -> None:
         """Drop a torn tail's problems, to read again from the end of the last verified line
