@@ -142,6 +142,7 @@ class SegmentScan:
         xxh = fmt.xxh64_intdigest
         frame_head = fmt.FRAME_HEAD
         body_start = fmt.BODY_START
+        record_tag = fmt.RECORD_TAG
         start_seq = self.start_seq
         lines_of = LineReader(self.fs, fd, start, self._line_limit, self._oversize,
                               chunk_bytes=self.chunk_bytes)
@@ -159,7 +160,7 @@ class SegmentScan:
                     if expected >= start_seq:
                         yield expected, line[data_at:-1]
                     expected += 1
-                    tag = fmt.RECORD_TAG % expected
+                    tag = record_tag % expected
                     data_at = body_start + len(tag)
                     continue
                 self._settle(count, expected, off)

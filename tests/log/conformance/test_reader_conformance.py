@@ -31,6 +31,13 @@ def _lines(seg: Path) -> list[bytes]:
     return seg.read_bytes().split(b"\n")[:-1]
 
 
+def _flip(seg: Path, offset: int) -> None:
+    """Flip a bit of the byte at `offset`: damage that no crash makes."""
+    data = bytearray(seg.read_bytes())
+    data[offset] ^= 0x01
+    seg.write_bytes(bytes(data))
+
+
 def _refused(directory: str, backend_fs: object) -> CorruptionError:
     with pytest.raises(CorruptionError) as raised:
         list(read_view(directory, backend_fs))  # type: ignore[arg-type]
@@ -70,10 +77,8 @@ def test_damage_in_the_middle_refuses_and_salvage_reads_around_it(backend: Backe
     path = tmp_path / "log"
     _log(path)
     first = segments(path)[0]
-    data = bytearray(first.read_bytes())
-    at = data.index(b"\n") + 1  # the first record's line
-    data[at + 40] ^= 0x01  # a flipped bit inside its data
-    first.write_bytes(bytes(data))
+    at = first.read_bytes().index(b"\n") + 1  # the first record's line
+    _flip(first, at + 40)  # inside its data
     directory, fs = backend.open(path)
     error = _refused(directory, fs)
     assert (error.kind, error.file, error.offset) == ("bad_checksum", first.name, at)
@@ -89,9 +94,7 @@ def test_bad_header_of_a_middle_segment_is_damage_at_offset_zero(backend: Backen
     path = tmp_path / "log"
     _log(path)
     middle = segments(path)[1]
-    data = bytearray(middle.read_bytes())
-    data[30] ^= 0x01  # inside the header line
-    middle.write_bytes(bytes(data))
+    _flip(middle, 30)  # inside the header line
     directory, fs = backend.open(path)
     error = _refused(directory, fs)
     assert (error.kind, error.file, error.offset) == ("bad_header", middle.name, 0)
