@@ -83,7 +83,6 @@ class SegmentScan:
         self.size = 0
         self.digest = hashlib.sha256()  # bytes [0, seal or first problem)
         self.valid_after_problem = False
-        self.started = False  # whether a read has begun
         self._hashing = True
         self._buf = b""  # the buffer being split, and the file offset of its first byte
         self._pos = 0
@@ -105,11 +104,9 @@ class SegmentScan:
     def read_more(self) -> Generator[tuple[int, bytes], None, None]:
         """Yield the records from where the last read stopped to the end of the file as it is
         now: the whole segment at first, then what was appended since (see the class)."""
-        if self.started:
-            if self.stopped:
-                return
-            self._forget_tail()
-        self.started = True
+        if self.stopped:
+            return
+        self._forget_tail()  # nothing to forget at first
         fd = self.fs.open_read(self.path)
         try:
             yield from self._scan(fd, self.valid_end)
