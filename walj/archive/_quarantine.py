@@ -14,14 +14,18 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import stat
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import CorruptionError
-from ..log.fs import open_regular
-from ..log.quarantine import MANIFEST, MANIFEST_LIMIT, QUARANTINE_DIR, Quarantined
+from ..log.fs import DEFAULT_FS, open_regular
+from ..log.quarantine import (
+    MANIFEST,
+    MANIFEST_LIMIT,
+    QUARANTINE_DIR,
+    Quarantined,
+    check_quarantine_dir,
+)
 from ..log.quarantine import manifest_entry as manifest_entry
 from ..log.quarantine import plain_name as plain_name
 from ..log.segment import Problem
@@ -66,15 +70,9 @@ def _local_quarantine(directory: str) -> str | None:
     """The session's quarantine folder, None when it has none; one that is a symbolic link or
     no folder is refused, as a writer refuses it: its cut bytes would not be archived."""
     qdir = os.path.join(directory, QUARANTINE_DIR)
-    try:
-        st = os.lstat(qdir)
-    except FileNotFoundError:
+    if not os.path.lexists(qdir):
         return None
-    if not stat.S_ISDIR(st.st_mode):
-        link = stat.S_ISLNK(st.st_mode)
-        raise CorruptionError(f"{qdir} is {'a symbolic link' if link else 'not a directory'}: "
-                              "its cut bytes cannot be archived; refused", file=QUARANTINE_DIR,
-                              offset=0, kind="symlink" if link else "not_a_directory")
+    check_quarantine_dir(DEFAULT_FS, qdir, why="its cut bytes cannot be archived")
     return qdir
 
 

@@ -225,9 +225,7 @@ class FsspecStore(Store):
         # Read in order in 1 MiB chunks: a readahead of a few blocks, never the whole object.
         def opened() -> IO[bytes]:
             options: dict[str, Any] = {"block_size": 4 << 20, "cache_type": "readahead"}
-            protocol = self.fs.protocol
-            protocols = protocol if isinstance(protocol, (tuple, list)) else (protocol,)
-            if size is not None and {"s3", "s3a"} & set(protocols):
+            if size is not None and self._is_s3():
                 options["size"] = size  # s3fs then needs no HEAD request per object
             return self.fs.open(key, "rb", **options)  # type: ignore[no-any-return]
 
@@ -248,7 +246,7 @@ class FsspecStore(Store):
         # S3 refuses a conditional PUT (If-None-Match: *) when the key exists; s3fs says so
         # with FileExistsError. Other backends get a check then a write, which a second ship
         # could race (docs/ARCHIVE.md, Limits).
-        if self._conditional():
+        if self._is_s3():
             try:
                 self._call(f"writing {key}", lambda: self.fs.pipe_file(key, data,
                                                                         mode="create"))
@@ -260,7 +258,8 @@ class FsspecStore(Store):
         self.put(key, data)
         return True
 
-    def _conditional(self) -> bool:
+    def _is_s3(self) -> bool:
+        """S3 takes an object's size on open, and a conditional PUT."""
         protocol = self.fs.protocol
         protocols = protocol if isinstance(protocol, (tuple, list)) else (protocol,)
         return bool({"s3", "s3a"} & set(protocols))

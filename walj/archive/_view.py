@@ -57,6 +57,11 @@ class ArchiveView(FileSystem):
                             if fmt.segment_index(name) is not None}
         return self._remote
 
+    def refresh(self) -> None:
+        """List the archived objects again at the next read: a reader that follows an archive
+        sees what ship added (or repaired) since."""
+        self._remote = None
+
     def _local_names(self) -> list[str]:
         if self.local is None:
             return []
@@ -130,6 +135,9 @@ class ArchiveView(FileSystem):
         handle.seek(offset)
         return handle.read(size) or b""
 
+    def seek(self, fd: int, offset: int) -> None:
+        self._handles[fd][0].seek(offset)
+
     def fstat_size(self, fd: int) -> int:
         handle, size = self._handles[fd]
         if size is not None:
@@ -164,9 +172,6 @@ class ArchiveView(FileSystem):
         """The archived cuts as `walj verify --json` lists them (`verified`: the archived copy
         has the length and SHA-256 of its manifest line)."""
         return list(self.quarantine().cuts)
-
-    def is_symlink(self, path: str) -> bool:
-        return stat.S_ISLNK(self.stat(path).st_mode)
 
     # --- the seam, write side: refused ---
 

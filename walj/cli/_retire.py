@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import LockedError, WaljError
-from ..log import format as fmt
 from ..log.fs import DEFAULT_FS, FileSystem
 from ..log.lock import WriterLock
 from ..log.scan import list_segments
+from ..log.segment import SegmentScan
 from ._accounting import TOMBSTONE_PREFIX, Survey, survey
 from ._model import end_idle_journal
 from ._sweep import check_log
@@ -73,11 +73,11 @@ def refuse_unaccounted(found: Survey) -> None:
 
 def _holds_no_record(path: str, name: str) -> bool:
     """An unsealed segment with nothing after its header (an ended session reopened)."""
-    with open(os.path.join(path, name), "rb") as f:
-        data = f.read(fmt.HEADER_LINE_LIMIT + 2)
-    lines = data.split(b"\n")
-    return not data or (len(lines) == 2 and lines[1] == b"" and
-                        fmt.parse_header(lines[0]) is not None)
+    seg = SegmentScan(DEFAULT_FS, path, name)
+    with contextlib.closing(seg.read_more()) as records:
+        if next(records, None) is not None:
+            return False
+    return seg.size == 0 or (seg.header is not None and seg.seal is None and not seg.problems)
 
 
 def _archived_whole(path: str, url: str, found: Survey) -> list[str]:

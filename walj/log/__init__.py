@@ -14,25 +14,27 @@ same pass, and `_replay_start`, which picks the segment that scan begins at from
 bytes of each segment's first record (the segments before it are checked by header and seal,
 their records not read).
 
-Its surface for the layers above: this package's names, and the public modules below, each
-with an `__all__` (nothing above the log imports a private module or name of it):
-format (the line format: framing, XXH64 checksums, header, seal, segment names; the code twin
-of docs/FORMAT.md), fs (the I/O seam, an interface the archive implements for its read-only
-view), segment (reading one segment file), scan (reading a whole directory: order, seal chain,
-torn tail or damage), lock (one writer per directory), quarantine (cut bytes and their
-manifest). Private: _xxh64 (pure-Python XXH64), _log (the writer: a plain class composing the
-three parts after it), _durability (the writer's shared state, poisoning, sync modes and group
-commit), _rotation (the active segment: creating, sealing, switching), _compaction (where the
-log begins: Log.drop_before), _opening (options and tail recovery), _read (reader and
-verifier), _base (the BASE marker of a compacted log), _syncers (the interval syncers),
-_requests (request files in `requests/`: asks another process leaves for the live writer).
+Its surface for the layers above: this package's names, and the public modules below, each with an
+`__all__` (nothing above the log imports a private module or name of it): format (the line format:
+framing, XXH64 checksums, header, seal, segment names; the code twin of docs/FORMAT.md), fs (the
+I/O seam, an interface the archive implements for its read-only view), lines (splitting a file into
+lines through the seam), segment (reading one segment file, resumable where a read stopped: the one
+reader every scan uses), scan (reading a whole directory: order, seal chain, torn tail or damage),
+lock (one writer per directory), quarantine (cut bytes and their manifest). Private: _xxh64 (pure-
+Python XXH64), _log (the writer: a plain class composing the three parts after it), _durability
+(the writer's shared state, poisoning, sync modes and group commit), _rotation (the active segment:
+creating, sealing, switching), _compaction (where the log begins: Log.drop_before), _opening
+(options and tail recovery), _read (reader and verifier, of a directory or of a FileSystem view:
+`read_view`, `verify_view`), _base (the BASE marker of a compacted log), _syncers (the interval
+syncers), _requests (request files in `requests/`: asks another process leaves for the live
+writer).
 """
 
 from __future__ import annotations
 
 from ._base import BASE_NAME, Base
 from ._log import Log
-from ._read import Record, VerifyReport, read, verify
+from ._read import Record, VerifyReport, read, read_view, verify, verify_view
 from ._requests import (
            PICK_UP_LIMIT,
            REQUEST_LIMIT,
@@ -50,5 +52,5 @@ from .quarantine import CutLine, Quarantined
 
 __all__ = ["BASE_NAME", "PICK_UP_LIMIT", "REQUESTS_DIR", "REQUEST_LIMIT", "Base", "CutLine", "Log",
            "MalformedRequestError", "Quarantined", "Record", "RequestWatch", "VerifyReport",
-           "holds_log", "load_request", "pending_requests", "post_request", "read",
-           "remove_request", "remove_stale_requests", "verify"]
+           "holds_log", "load_request", "pending_requests", "post_request", "read", "read_view",
+           "remove_request", "remove_stale_requests", "verify", "verify_view"]

@@ -10,12 +10,12 @@ from dataclasses import dataclass
 from .. import _codec
 from ..errors import CorruptionError
 from . import format as fmt
+from .format import BASE_NAME as BASE_NAME  # re-exported: where the layers above found it
+from .format import BASE_TAG
+from .format import BASE_TMP as BASE_TMP
 from .fs import FileSystem, not_regular, write_all
 from .segment import Problem, read_ends
 
-BASE_NAME = "BASE"
-BASE_TMP = "BASE.tmp"
-BASE_TAG = b'"base":'
 # One line of four short fields; anything longer is not a marker walj wrote.
 BASE_LIMIT = 1024
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -46,6 +46,21 @@ def _bad(why: str) -> CorruptionError:
 
 def parse_base(data: bytes) -> Base:
     """The marker in `data` (a whole BASE file), or CorruptionError (kind `bad_base`)."""
+    fields = _base_fields(data)
+    log_id, index, first, prev = (fields.get(k) for k in ("log", "seg", "first", "prev"))
+    if not (isinstance(log_id, str) and _HEX32.match(log_id)):
+        raise _bad("log id is not 32 hex digits")
+    for name, value in (("seg", index), ("first", first)):
+        if type(value) is not int or value < 2:
+            raise _bad(f"{name} must be an integer of at least 2")
+    if not (isinstance(prev, str) and _HEX64.match(prev)):
+        raise _bad("prev is not a SHA-256 digest")
+    assert isinstance(index, int) and isinstance(first, int)  # noqa: S101 - checked above
+    return Base(log_id, index, first, prev)
+
+
+def _base_fields(data: bytes) -> dict[str, object]:
+    """The fields of the one verified base line `data` holds, of this format version."""
     if len(data) >= BASE_LIMIT:
         raise _bad("longer than any marker walj writes")
     if not data.endswith(b"\n") or data.count(b"\n") != 1:
@@ -61,16 +76,7 @@ def parse_base(data: bytes) -> Base:
         raise _bad(f"not JSON ({exc})") from None
     if not isinstance(fields, dict) or fields.get("v") != fmt.FORMAT_VERSION:
         raise _bad("unknown marker version")
-    log_id, index, first, prev = (fields.get(k) for k in ("log", "seg", "first", "prev"))
-    if not (isinstance(log_id, str) and _HEX32.match(log_id)):
-        raise _bad("log id is not 32 hex digits")
-    for name, value in (("seg", index), ("first", first)):
-        if type(value) is not int or value < 2:
-            raise _bad(f"{name} must be an integer of at least 2")
-    if not (isinstance(prev, str) and _HEX64.match(prev)):
-        raise _bad("prev is not a SHA-256 digest")
-    assert isinstance(index, int) and isinstance(first, int)  # noqa: S101 - checked above
-    return Base(log_id, index, first, prev)
+    return fields
 
 
 def read_base(fs: FileSystem, directory: str) -> Base | None:
@@ -137,14 +143,19 @@ def find_start(fs: FileSystem, directory: str, listed: list[tuple[int, str]]) ->
         problems.append(Problem(BASE_NAME, 0, base.first_seq, "missing_segment",
                                 f"{BASE_NAME} names segment {base.index}, which is missing"))
     below = [name for index, name in listed if index == base.index - 1]
-    if below:
-        header, seal = read_ends(fs, directory, below[0])
-        if (header is None or seal is None or header.log_id != base.log_id
-                or seal.sha256 != base.prev_seal or seal.last_seq != base.first_seq - 1):
-            problems.append(Problem(BASE_NAME, 0, base.first_seq, "base_mismatch",
-                                    f"{below[0]}, left below the base, is not the segment "
-                                    f"whose seal {BASE_NAME} names"))
+    if below and not _sealed_as_named(fs, directory, below[0], base):
+        problems.append(Problem(BASE_NAME, 0, base.first_seq, "base_mismatch",
+                                f"{below[0]}, left below the base, is not the segment "
+                                f"whose seal {BASE_NAME} names"))
     return Start(base, leftovers, problems)
+
+
+def _sealed_as_named(fs: FileSystem, directory: str, name: str, base: Base) -> bool:
+    """Whether segment `name` is the one whose seal the marker names: same log, that seal,
+    ending just before the base's first seq."""
+    header, seal = read_ends(fs, directory, name)
+    return (header is not None and seal is not None and header.log_id == base.log_id
+            and seal.sha256 == base.prev_seal and seal.last_seq == base.first_seq - 1)
 
 
 def base_mismatch(base: Base, header: fmt.Header, name: str) -> Problem | None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import uuid
 from collections import deque
 from collections.abc import Callable
@@ -16,7 +15,7 @@ from ._base import find_start
 from .fs import FileSystem
 from .quarantine import Quarantined, cut_segment
 from .scan import MODES, LogScan, check_for_writer, list_segments
-from .segment import Problem, SegmentScan
+from .segment import Problem, SegmentScan, first_record
 
 SYNC_MODES = ("always", "batch", "interval", "never")
 Replay = Callable[[int, bytes], None]
@@ -25,7 +24,6 @@ ReplayStart = Callable[[bytes], bool]
 # How much of a segment's first record a ReplayStart sees: enough for a layer above to tell
 # what kind of record begins the segment, never a whole large record.
 FIRST_RECORD_PEEK = 4096
-_FIRST_LINE = re.compile(rb'\{"xxh64":"[0-9a-f]{16}","seq":([1-9][0-9]{0,19}),"data":')
 
 
 def check_options(sync: str, segment_bytes: int, max_record_bytes: int, recovery: str,
@@ -83,25 +81,6 @@ class Recovered:
     first_seq: int = 1  # where a compacted log begins (its BASE); 1 otherwise
 
 
-def first_record(fs: FileSystem, directory: str, name: str) -> tuple[int, bytes] | None:
-    """(seq, the first FIRST_RECORD_PEEK bytes of its data) of a segment's first record, read
-    without scanning the segment; None when it has none or it cannot be read. Unverified:
-    the scan that then starts there checks every byte of it."""
-    try:
-        fd = fs.open_read(os.path.join(directory, name))
-    except (OSError, WaljError):
-        return None
-    try:
-        head = fs.pread(fd, fmt.HEADER_LINE_LIMIT + FIRST_RECORD_PEEK, 0)
-    finally:
-        fs.close(fd)
-    end = head.find(b"\n")
-    found = _FIRST_LINE.match(head, end + 1) if end >= 0 else None
-    if found is None:
-        return None
-    return int(found.group(1)), head[found.end():found.end() + FIRST_RECORD_PEEK]
-
-
 def replay_start(fs: FileSystem, directory: str, choose: ReplayStart) -> int:
     """The seq to replay from: the first record of the newest segment (from the base on)
     whose first record `choose` accepts, or 0 (from the beginning) when none does. Costs one
@@ -113,7 +92,7 @@ def replay_start(fs: FileSystem, directory: str, choose: ReplayStart) -> int:
         if index < lowest:
             break
         first = first_record(fs, directory, name)
-        if first is not None and choose(first[1]):
+        if first is not None and choose(first[1][:FIRST_RECORD_PEEK]):
             return first[0]
     return 0
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -11,7 +11,7 @@ from .. import _codec
 from ..errors import CorruptionError, DroppedWhileReadingError, WaljError
 from ._base import Base, read_base
 from .fs import DEFAULT_FS, FileSystem
-from .scan import LogScan, TornTail
+from .scan import LogScan, TornTail, corruption
 from .segment import Problem
 
 
@@ -63,7 +63,16 @@ def read(
     """
     directory = os.fspath(path)
     _check_directory(directory)
-    scan = LogScan(directory, mode=recovery, start_seq=start_seq, fs=_fs, follow_rotation=True,
+    return read_view(directory, _fs, start_seq, recovery=recovery)
+
+
+def read_view(directory: str, fs: FileSystem, start_seq: int = 0, *,
+              recovery: str = "tolerate_tail",
+              end_problem: Callable[[LogScan], Problem | None] | None = None) -> Iterator[Record]:
+    """`read` of the log that `fs` shows as `directory` (the local file system, or a view
+    such as an archive's). `end_problem`, asked once every record is read, names what the
+    view alone knows is wrong at the log's end; it raises unless recovery is "salvage"."""
+    scan = LogScan(directory, mode=recovery, start_seq=start_seq, fs=fs, follow_rotation=True,
                    report_holes=True)
     decode, decode_error = _codec.raw_decoder()
     salvage = recovery == "salvage"
@@ -79,7 +88,7 @@ def read(
                                       seq=seq, kind="bad_line") from exc
             yield Record(seq, value)
     except FileNotFoundError as exc:
-        base = read_base(_fs, directory)
+        base = read_base(fs, directory)
         if base is None or (scan.base is not None and base.index <= scan.base.index):
             raise  # not a drop: the file system changed under the reader some other way
         raise DroppedWhileReadingError(
@@ -91,15 +100,27 @@ def read(
         # where an interrupt propagates, not when the garbage collector frees it, which
         # would swallow one.
         lines.close()
+    problem = end_problem(scan) if end_problem is not None else None
+    if problem is not None and not salvage:
+        raise corruption(problem)
 
 
 def verify(path: str | os.PathLike[str], *, _fs: FileSystem = DEFAULT_FS) -> VerifyReport:
     """Check every checksum, seq, seal and header of the log without changing anything."""
     directory = os.fspath(path)
     _check_directory(directory)
-    scan = LogScan(directory, mode="salvage", fs=_fs)
+    return verify_view(directory, _fs)
+
+
+def verify_view(directory: str, fs: FileSystem, *,
+                finish: Callable[[LogScan], None] | None = None) -> VerifyReport:
+    """`verify` of the log that `fs` shows as `directory`; `finish` may add to the scan's
+    problems what only the view knows, before the report is made."""
+    scan = LogScan(directory, mode="salvage", fs=fs)
     for _ in scan:
         pass
+    if finish is not None:
+        finish(scan)
     return VerifyReport(
         ok=not scan.problems,
         records=scan.records,

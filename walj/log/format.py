@@ -1,4 +1,10 @@
-"""The line format: how one record, segment header or seal is framed, checksummed and parsed."""
+"""The line format: how one record, segment header or seal is framed, checksummed and parsed.
+
+The code twin of docs/FORMAT.md: its *Lines* section (the byte layout, the three line shapes,
+the header's fields and bounds, the seal, the base marker's line) and the names of *Files in a
+log directory* are spelled here and nowhere else in walj; each statement of those sections was
+checked against this module, and a change to one is a change to the other.
+"""
 
 from __future__ import annotations
 
@@ -11,10 +17,11 @@ from .. import _codec
 from .._codec import encode as _encode
 from ..errors import SerializationError, UnsupportedVersionError
 
-__all__ = ["FORMAT_VERSION", "HEADER_LINE_LIMIT", "LINE_OVERHEAD", "MAX_RECORD_BYTES_LIMIT",
-           "SEGMENT_RE", "Header", "Seal", "checksum", "checksum_ok", "encode_record", "frame",
-           "frame_record", "parse_data", "parse_header", "parse_seal", "segment_index",
-           "segment_name"]
+__all__ = ["BASE_NAME", "BASE_TAG", "BASE_TMP", "FORMAT_VERSION", "HEADER_LINE_LIMIT",
+           "LINE_OVERHEAD", "LOCK_NAME", "MANIFEST", "MAX_RECORD_BYTES_LIMIT", "OWNER_NAME",
+           "PURE_XXH64", "QUARANTINE_DIR", "SEAL_LINE_LIMIT", "SEGMENT_RE", "SEGMENT_TMP_SUFFIX", "Header",
+           "Seal", "checksum", "checksum_ok", "encode_record", "frame", "frame_record",
+           "parse_data", "parse_header", "parse_seal", "segment_index", "segment_name"]
 
 xxh64_intdigest: Callable[[bytes | memoryview], int]
 
@@ -40,13 +47,31 @@ SEQ_TAG = b'"seq":'
 DATA_TAG = b',"data":'
 HEADER_TAG = b'"header":'
 SEAL_TAG = b'"seal":'
+BASE_TAG = b'"base":'  # the one line of BASE
+# A data line's body up to its record, with the seq to fill in; and a line's start up to its
+# body, with the checksum to fill in. The append path and the reader's hot loop format them.
+RECORD_TAG = SEQ_TAG + b"%d" + DATA_TAG
+FRAME_HEAD = PREFIX + b'%016x",'
+_RECORD_BODY = RECORD_TAG + b"%b}"
+_LINE = FRAME_HEAD + b"%b\n"
 
 # Bytes a data line adds around the record's JSON: prefix, checksum, seq of up to 20 digits, tags.
 LINE_OVERHEAD = 128
 HEADER_LINE_LIMIT = 64 * 1024
 MAX_RECORD_BYTES_LIMIT = 256 * 2**20
 
+# A seal line is under 200 bytes (three numbers and a digest); a longer last line is not one.
+SEAL_LINE_LIMIT = 1024
+
+# The files of a log directory besides its segments.
 SEGMENT_RE = re.compile(r"^seg-(\d{10})\.jsonl$")
+SEGMENT_TMP_SUFFIX = ".tmp"  # a segment being created by a rotation: header only
+BASE_NAME = "BASE"
+BASE_TMP = "BASE.tmp"
+LOCK_NAME = "LOCK"
+OWNER_NAME = "LOCK.owner"
+QUARANTINE_DIR = "quarantine"
+MANIFEST = "MANIFEST.jsonl"  # in QUARANTINE_DIR
 
 
 def segment_name(index: int) -> str:
@@ -64,14 +89,14 @@ def checksum(body: bytes | memoryview) -> bytes:
 
 def frame(body: bytes) -> bytes:
     """Turn a body (the JSON object without its opening brace) into one checksummed line."""
-    return PREFIX + checksum(body) + b'",' + body + b"\n"
+    return _LINE % (xxh64_intdigest(body), body)
 
 
 def frame_record(seq: int, data: bytes) -> bytes:
     """The whole line for record `seq` whose JSON is `data`: `frame` with the body inlined,
     because this is the append hot path."""
-    body = b'"seq":%d,"data":%b}' % (seq, data)
-    return b'{"xxh64":"%016x",%b\n' % (xxh64_intdigest(body), body)
+    body = _RECORD_BODY % (seq, data)
+    return _LINE % (xxh64_intdigest(body), body)
 
 
 def encode_record(record: Any) -> bytes:

@@ -9,8 +9,8 @@ import sys
 
 from ..errors import CorruptionError
 
-__all__ = ["DEFAULT_FS", "DIR_MODE", "FILE_MODE", "FileSystem", "not_regular", "open_regular",
-           "read_regular", "refuse_hard_link", "write_all"]
+__all__ = ["DEFAULT_FS", "DIR_MODE", "FILE_MODE", "FileSystem", "file_kind", "not_regular",
+           "open_regular", "read_regular", "refuse_hard_link", "write_all"]
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -22,18 +22,23 @@ FILE_MODE = 0o600
 DIR_MODE = 0o700
 
 
+def file_kind(mode: int) -> tuple[str, str]:
+    """The problem kind and the words for a directory entry of `mode` that is not a regular
+    file."""
+    if stat.S_ISLNK(mode):
+        return "symlink", "a symbolic link"
+    if stat.S_ISDIR(mode):
+        return "not_a_regular_file", "a directory"
+    if stat.S_ISFIFO(mode):
+        return "not_a_regular_file", "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "not_a_regular_file", "a socket"
+    return "not_a_regular_file", "a device or other special file"
+
+
 def not_regular(path: str, st: os.stat_result) -> CorruptionError:
     """The typed refusal of a directory entry that is not a regular file."""
-    if stat.S_ISLNK(st.st_mode):
-        kind, what = "symlink", "a symbolic link"
-    elif stat.S_ISDIR(st.st_mode):
-        kind, what = "not_a_regular_file", "a directory"
-    elif stat.S_ISFIFO(st.st_mode):
-        kind, what = "not_a_regular_file", "a FIFO"
-    elif stat.S_ISSOCK(st.st_mode):
-        kind, what = "not_a_regular_file", "a socket"
-    else:
-        kind, what = "not_a_regular_file", "a device or other special file"
+    kind, what = file_kind(st.st_mode)
     return CorruptionError(f"{path} is {what}, not a regular file: refused",
                            file=os.path.basename(path), offset=0, kind=kind)
 
@@ -137,6 +142,10 @@ class FileSystem:
     def pread(self, fd: int, size: int, offset: int) -> bytes:
         return os.pread(fd, size, offset)
 
+    def seek(self, fd: int, offset: int) -> None:
+        """Where the next `read` of `fd` starts (a reader resuming at an offset)."""
+        os.lseek(fd, offset, os.SEEK_SET)
+
     def write(self, fd: int, data: bytes) -> int:
         return os.write(fd, data)
 
@@ -179,9 +188,6 @@ class FileSystem:
 
     def mkdir(self, path: str) -> None:
         os.mkdir(path, DIR_MODE)
-
-    def is_symlink(self, path: str) -> bool:
-        return stat.S_ISLNK(os.lstat(path).st_mode)
 
 
 def write_all(fs: FileSystem, fd: int, data: bytes) -> None:

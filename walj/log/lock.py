@@ -13,13 +13,12 @@ from typing import NamedTuple
 
 from ..errors import CorruptionError, LockedError
 from ._durability import io_failure
+from .format import LOCK_NAME, OWNER_NAME
 from .fs import _CLOEXEC, _NOFOLLOW, FILE_MODE, FileSystem, read_regular, write_all
 
 __all__ = ["LOCK_NAME", "OWNER_NAME", "Owner", "WriterLock", "holds_lock", "owner_info",
            "read_owner"]
 
-LOCK_NAME = "LOCK"
-OWNER_NAME = "LOCK.owner"
 
 _open_dirs: dict[tuple[int, int], tuple[str, object]] = {}
 _open_dirs_guard = threading.Lock()

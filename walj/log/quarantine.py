@@ -12,15 +12,15 @@ from dataclasses import dataclass
 from .. import _codec
 from ..errors import CorruptionError
 from . import format as fmt
-from .fs import FileSystem, open_regular, read_regular, refuse_hard_link, write_all
+from .format import MANIFEST, QUARANTINE_DIR
+from .fs import DEFAULT_FS, FileSystem, read_regular, refuse_hard_link, write_all
+from .lines import CHUNK_BYTES, LineReader
 from .segment import TAIL_KINDS
 
-__all__ = ["MANIFEST", "MANIFEST_LIMIT", "QUARANTINE_DIR", "CutLine", "Quarantined", "cut_lines",
-           "cut_segment", "manifest_entry", "plain_name", "read_manifest"]
+__all__ = ["MANIFEST", "MANIFEST_LIMIT", "QUARANTINE_DIR", "CutLine", "Quarantined",
+           "check_quarantine_dir", "cut_lines", "cut_segment", "manifest_entry", "plain_name",
+           "read_manifest"]
 
-QUARANTINE_DIR = "quarantine"
-MANIFEST = "MANIFEST.jsonl"
-_COPY_BYTES = 1 << 20
 # A manifest holds one short line per cut; more than this is not a manifest walj wrote.
 MANIFEST_LIMIT = 64 << 20
 
@@ -65,7 +65,7 @@ def cut_segment(
         if offset:
             cut = _open_own(fs, fs.open_append, seg_path)
         if QUARANTINE_DIR in fs.listdir(directory):
-            _check_quarantine_dir(fs, qdir)
+            check_quarantine_dir(fs, qdir)
         else:
             fs.mkdir(qdir)
         # Also when it was there: its maker may have died before this sync, and the cut below
@@ -89,7 +89,7 @@ def cut_segment(
         dst = fs.create(os.path.join(qdir, name))
         pos = offset
         while pos < end:
-            chunk = fs.pread(src, min(_COPY_BYTES, end - pos), pos)
+            chunk = fs.pread(src, min(CHUNK_BYTES, end - pos), pos)
             if not chunk:
                 break
             digest.update(chunk)
@@ -140,14 +140,16 @@ def _open_own(fs: FileSystem, opener: Callable[[str], int], path: str) -> int:
     return fd
 
 
-def _check_quarantine_dir(fs: FileSystem, qdir: str) -> None:
+def check_quarantine_dir(fs: FileSystem, qdir: str, *,
+                         why: str = "cut bytes would not stay in the log") -> None:
+    """Refuse (CorruptionError) a `quarantine` that is a symbolic link or no directory: `why`
+    says what it would cost."""
     st = fs.stat(qdir)
     if not stat.S_ISDIR(st.st_mode):
         link = stat.S_ISLNK(st.st_mode)
         what = "a symbolic link" if link else "not a directory"
-        raise CorruptionError(f"{qdir} is {what}: cut bytes would not stay in the log; refused",
-                              file=QUARANTINE_DIR, offset=0,
-                              kind="symlink" if link else "not_a_directory")
+        raise CorruptionError(f"{qdir} is {what}: {why}; refused", file=QUARANTINE_DIR,
+                              offset=0, kind="symlink" if link else "not_a_directory")
 
 
 @dataclass(frozen=True)
@@ -170,7 +172,7 @@ def read_manifest(directory: str) -> list[Quarantined]:
     except FileNotFoundError:
         return []
     if not stat.S_ISDIR(st.st_mode):
-        return []  # a writer refuses it when it has to cut (_check_quarantine_dir)
+        return []  # a writer refuses it when it has to cut (check_quarantine_dir)
     try:
         raw = read_regular(os.path.join(qdir, MANIFEST), MANIFEST_LIMIT)
     except FileNotFoundError:
@@ -205,44 +207,29 @@ def plain_name(name: str) -> bool:
     return bool(name) and "/" not in name and "\0" not in name and not name.startswith(".")
 
 
-def cut_lines(directory: str, entry: Quarantined) -> tuple[list[CutLine], bool]:
+def cut_lines(directory: str, entry: Quarantined, *,
+              fs: FileSystem = DEFAULT_FS) -> tuple[list[CutLine], bool]:
     """The lines of a cut whose checksums verify, and whether the quarantine file still holds
     exactly the bytes the manifest says were cut (length and SHA-256). Records only: a header
     or seal line among the cut bytes is framed but holds no record."""
-    path = os.path.join(directory, QUARANTINE_DIR, entry.file)
     try:
-        fd = open_regular(path, os.O_RDONLY)
+        fd = fs.open_read(os.path.join(directory, QUARANTINE_DIR, entry.file))
     except FileNotFoundError:
         return [], False
     digest = hashlib.sha256()
     found: list[CutLine] = []
-    pos = 0
-    carry = b""
     try:
-        while True:
-            chunk = os.read(fd, _COPY_BYTES)
-            if not chunk:
-                break
-            digest.update(chunk)
-            data = carry + chunk
-            start = 0
-            while (newline := data.find(b"\n", start)) >= 0:
-                _add_line(found, data[start:newline], pos + newline + 1)
-                start = newline + 1
-            pos += start
-            carry = data[start:]
-            if len(carry) > fmt.MAX_RECORD_BYTES_LIMIT + fmt.LINE_OVERHEAD:
-                pos += len(carry)  # longer than any line walj writes: not a record
-                carry = b""
-        total = pos + len(carry)
+        # Longer than any line walj writes: not a record, skipped to its end.
+        lines = LineReader(fs, fd, 0, lambda: fmt.MAX_RECORD_BYTES_LIMIT + fmt.LINE_OVERHEAD,
+                           lambda offset: None, on_chunk=digest.update)
+        for pos, _, batch in lines:
+            for line in batch:
+                pos += len(line) + 1
+                record = fmt.parse_data(line) if fmt.checksum_ok(line) else None
+                if record is not None:
+                    found.append(CutLine(record[0], record[1], pos))
+        total = lines.pos + lines.held_bytes
     finally:
-        os.close(fd)
+        fs.close(fd)
     intact = total == entry.length and digest.hexdigest() == entry.sha256
     return found, intact
-
-
-def _add_line(found: list[CutLine], line: bytes, end: int) -> None:
-    if fmt.checksum_ok(line):
-        record = fmt.parse_data(line)
-        if record is not None:
-            found.append(CutLine(record[0], record[1], end))

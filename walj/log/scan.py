@@ -11,13 +11,12 @@ from functools import partial
 from ..errors import CorruptionError, UnsupportedVersionError
 from . import format as fmt
 from ._base import Base, base_mismatch, find_start
-from .fs import DEFAULT_FS, FileSystem, not_regular, refuse_hard_link
+from .fs import DEFAULT_FS, FileSystem, file_kind, not_regular, refuse_hard_link
 from .segment import TAIL_KINDS, Problem, SegmentScan, bad_line_kind, read_ends
 
 __all__ = ["MODES", "LogScan", "TornTail", "check_for_writer", "corruption", "list_segments"]
 
 MODES = ("tolerate_tail", "strict", "salvage")
-
 
 
 @dataclass(frozen=True)
@@ -64,7 +63,7 @@ def list_segments(fs: FileSystem, directory: str) -> tuple[list[tuple[int, str]]
             refused.append(Problem(name, 0, None, "symlink", "segment is a symbolic link"))
         elif not stat.S_ISREG(mode):
             refused.append(Problem(name, 0, None, "not_a_regular_file",
-                                   f"segment is {_file_type(mode)}, not a regular file"))
+                                   f"segment is {file_kind(mode)[1]}, not a regular file"))
         else:
             found.append((index, name))
     found.sort()
@@ -82,22 +81,13 @@ def check_for_writer(fs: FileSystem, directory: str) -> list[str]:
             st = fs.stat(path)
             if stat.S_ISREG(st.st_mode):
                 refuse_hard_link(path, st)  # other kinds: list_segments refuses them
-        elif name.endswith(".jsonl.tmp") and fmt.segment_index(name[:-4]) is not None:
+        elif (name.endswith(fmt.SEGMENT_TMP_SUFFIX)
+              and fmt.segment_index(name[:-len(fmt.SEGMENT_TMP_SUFFIX)]) is not None):
             st = fs.stat(path)
             if not stat.S_ISREG(st.st_mode):
                 raise not_regular(path, st)
             stale.append(name)
     return stale
-
-
-def _file_type(mode: int) -> str:
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    return "a device or other special file"
 
 
 def corruption(problem: Problem) -> CorruptionError:
@@ -162,21 +152,7 @@ class LogScan:
         listed, refused = list_segments(self.fs, self.directory)
         for problem in refused:
             self._report(problem)
-        prev_index = 0
-        prev_seal = ""
-        expected_seq: int | None = None
-        begin = find_start(self.fs, self.directory, listed)
-        for problem in begin.problems:
-            self._report(problem)
-        if begin.base is not None:  # a compacted log: the chain goes on from the marker
-            base = self.base = begin.base
-            self.leftovers = begin.leftovers
-            listed = [entry for entry in listed if entry[0] >= base.index]
-            prev_index, prev_seal, self.log_id = base.index - 1, base.prev_seal, base.log_id
-            expected_seq = base.first_seq
-            # Every record below the base was dropped, none lost: the log ends at least there,
-            # even when no record follows the base yet.
-            self.last_seq = base.first_seq - 1
+        listed, prev_index, prev_seal, expected_seq = self._begin(listed)
         i = 0
         while i < len(listed):
             index, name = listed[i]
@@ -186,41 +162,64 @@ class LogScan:
                                      f"segment {prev_index + 1} is missing before {name}"))
             skipped = None if final else self._skip(index, name, prev_seal, expected_seq)
             if skipped is not None:
-                prev_index = index
                 prev_seal, expected_seq = skipped
                 self.last_seq = expected_seq - 1
                 self.segments.append(name)
-                i += 1
-                continue
-            at_base = self.base is not None and index == self.base.index
-            seg = SegmentScan(self.fs, self.directory, name,
-                              expected_first_seq=None if at_base else expected_seq,
-                              expected_log_id=self.log_id, start_seq=self.start_seq,
-                              before_late_record=partial(self._late_record, final=final))
-            self.reading = seg
-            yield from seg
-            start = seg.reported
-            self.records += seg.records
-            if seg.last_seq is not None:
-                self.last_seq = seg.last_seq
-            self._check_header(seg, index, prev_seal)
-            if final and seg.seal is not None and self.follow_rotation:
-                more, _ = list_segments(self.fs, self.directory)
-                listed.extend(entry for entry in more if entry[0] > index)
-                final = i == len(listed) - 1
-            if not final and seg.seal is None:
-                seg.problems.append(Problem(name, seg.size, seg.last_seq, "unsealed_segment",
-                                            "a segment before the last has no seal"))
-            self._segment_problems(seg, start, final, before_record=False)
-            self.segments.append(name)
-            self.before_last, self.last = self.last, seg
+            else:
+                at_base = self.base is not None and index == self.base.index
+                seg = SegmentScan(self.fs, self.directory, name,
+                                  expected_first_seq=None if at_base else expected_seq,
+                                  expected_log_id=self.log_id, start_seq=self.start_seq,
+                                  before_late_record=partial(self._late_record, final=final))
+                self.reading = seg
+                yield from seg
+                self._finish(seg, listed, i, prev_seal)
+                prev_seal = seg.seal.sha256 if seg.seal else ""
+                if seg.last_seq is not None:
+                    expected_seq = seg.last_seq + 1
+                elif seg.header is not None:
+                    expected_seq = seg.header.first_seq
             prev_index = index
-            prev_seal = seg.seal.sha256 if seg.seal else ""
-            if seg.last_seq is not None:
-                expected_seq = seg.last_seq + 1
-            elif seg.header is not None:
-                expected_seq = seg.header.first_seq
             i += 1
+
+    def _begin(self, listed: list[tuple[int, str]]) -> tuple[list[tuple[int, str]], int, str,
+                                                              int | None]:
+        """Where the chain starts: (the segments to read, the index, seal digest and seq that
+        come before the first of them, None when unknown): at segment 1, or at BASE."""
+        begin = find_start(self.fs, self.directory, listed)
+        for problem in begin.problems:
+            self._report(problem)
+        if begin.base is None:
+            return listed, 0, "", None
+        base = self.base = begin.base  # a compacted log: the chain goes on from the marker
+        self.leftovers = begin.leftovers
+        self.log_id = base.log_id
+        # Every record below the base was dropped, none lost: the log ends at least there,
+        # even when no record follows the base yet.
+        self.last_seq = base.first_seq - 1
+        kept = [entry for entry in listed if entry[0] >= base.index]
+        return kept, base.index - 1, base.prev_seal, base.first_seq
+
+    def _finish(self, seg: SegmentScan, listed: list[tuple[int, str]], i: int,
+                prev_seal: str) -> None:
+        """After a segment's records: its header against the chain, its problems decided."""
+        index = listed[i][0]
+        start = seg.reported
+        self.records += seg.records
+        if seg.last_seq is not None:
+            self.last_seq = seg.last_seq
+        self._check_header(seg, index, prev_seal)
+        final = i == len(listed) - 1
+        if final and seg.seal is not None and self.follow_rotation:
+            more, _ = list_segments(self.fs, self.directory)
+            listed.extend(entry for entry in more if entry[0] > index)
+            final = i == len(listed) - 1
+        if not final and seg.seal is None:
+            seg.problems.append(Problem(seg.name, seg.size, seg.last_seq, "unsealed_segment",
+                                        "a segment before the last has no seal"))
+        self._segment_problems(seg, start, final, before_record=False)
+        self.segments.append(seg.name)
+        self.before_last, self.last = self.last, seg
 
     def _late_record(self, seg: SegmentScan, *, final: bool) -> bool:
         """Before a record that follows a problem: raise, drop it (False) or yield it (True)."""
@@ -285,16 +284,8 @@ class LogScan:
         if not self.start_seq:
             return None
         header, seal = read_ends(self.fs, self.directory, name)
-        if header is None or seal is None or header.index != index:
-            return None
-        if header.prev_seal != prev_seal:
-            return None
-        if self.log_id is None:
-            if index == 1 and header.first_seq != 1:
-                return None
-        elif header.log_id != self.log_id:
-            return None
-        if expected_seq is not None and header.first_seq != expected_seq:
+        if header is None or seal is None or not self._continues(header, index, prev_seal,
+                                                                  expected_seq):
             return None
         next_seq = header.first_seq + seal.records
         if seal.records < 0 or (seal.records and seal.last_seq != next_seq - 1):
@@ -303,6 +294,18 @@ class LogScan:
             return None  # it holds a wanted record
         self.log_id = header.log_id
         return seal.sha256, next_seq
+
+    def _continues(self, header: fmt.Header, index: int, prev_seal: str,
+                   expected_seq: int | None) -> bool:
+        """A segment's header goes on from the one before, as a full read checks it: index,
+        seal chain, first seq, log id."""
+        if header.index != index or header.prev_seal != prev_seal:
+            return False
+        if expected_seq is not None and header.first_seq != expected_seq:
+            return False
+        if self.log_id is None:
+            return index != 1 or header.first_seq == 1
+        return header.log_id == self.log_id
 
     def _check_header(self, seg: SegmentScan, index: int, prev_seal: str) -> None:
         header = seg.header

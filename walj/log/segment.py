@@ -1,21 +1,20 @@
-"""Reading one segment file: every line checked, records yielded as they verify, problems kept."""
+"""Reading one segment, resumably: every line checked, records yielded as verified, faults kept."""
 
 from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 
-from ..errors import CorruptionError, UnsupportedVersionError
+from ..errors import CorruptionError, UnsupportedVersionError, WaljError
 from . import format as fmt
+from .format import SEAL_LINE_LIMIT
 from .fs import FileSystem
+from .lines import CHUNK_BYTES, LineReader, bad_line_kind, zero_filled
 
-__all__ = ["CHUNK_BYTES", "SEAL_LINE_LIMIT", "TAIL_KINDS", "Problem", "SegmentScan",
-           "bad_line_kind", "read_ends", "read_header"]
-
-CHUNK_BYTES = 1 << 20
-
+__all__ = ["SEAL_LINE_LIMIT", "TAIL_KINDS", "Problem", "SegmentScan", "bad_line_kind",
+           "first_record", "read_ends", "read_header"]
 
 @dataclass(frozen=True)
 class Problem:
@@ -38,43 +37,6 @@ TAIL_KINDS = frozenset(
     {"incomplete_line", "bad_checksum", "bad_line", "zero_fill", "oversize_line", "bad_header"}
 )
 
-SECTOR = 512
-_ZERO_SECTOR = bytes(SECTOR)
-
-
-def _has_zero_sector(line: bytes, offset: int) -> bool:
-    """True when the line covers a whole, aligned, all-zero disk sector: how a crash leaves an
-    unsynced write that never reached the disk (the file grew, its data did not)."""
-    start = -offset % SECTOR
-    return any(line[i : i + SECTOR] == _ZERO_SECTOR
-               for i in range(start, len(line) - SECTOR + 1, SECTOR))
-
-
-def _zero_fill(pieces: list[bytes], offset: int) -> bool:
-    """bad_line_kind's zero test over a line held in pieces (file offset `offset` on), without
-    joining them: a sector may straddle two pieces, so up to a sector is carried across."""
-    if pieces[0][:1] == b"\0":
-        return True
-    carry, at = b"", offset
-    for piece in pieces:
-        data = carry + piece
-        if _has_zero_sector(data, at):
-            return True
-        boundary = (at + len(data)) // SECTOR * SECTOR  # the last sector start in the data
-        keep = max(0, boundary - at)
-        carry, at = data[keep:], at + keep
-    return False
-
-
-def bad_line_kind(line: bytes, offset: int) -> str:
-    # A line never starts with a zero byte: one that does begins where a lost write was.
-    if line and (line[0] == 0 or _has_zero_sector(line, offset)):
-        return "zero_fill"
-    if not line.startswith(fmt.PREFIX) or len(line) <= fmt.BODY_START:
-        return "bad_line"
-    return "bad_checksum"
-
-
 class SegmentScan:
     """Iterate to read the segment; afterwards the attributes describe what was found.
 
@@ -82,6 +44,12 @@ class SegmentScan:
     from `start_seq` on. Before it yields a record that follows a problem it calls
     `before_late_record`, which raises if such records must not be used, and returns False to
     drop the record (it lies in a crash hole's tail, which recovery cuts).
+
+    The read is incremental: `read_more()` (and iterating again) goes on from where the last
+    read stopped, yielding only the complete, verified records appended since (a `tail -f`).
+    A last read that ended at what a write in progress leaves (an incomplete line, a line that
+    does not verify yet) is forgotten and read again; once damage stands that no later write
+    mends (`stopped`), nothing more is read.
     """
 
     def __init__(
@@ -94,10 +62,12 @@ class SegmentScan:
         expected_log_id: str | None = None,
         start_seq: int = 0,
         before_late_record: Callable[[SegmentScan], bool] | None = None,
+        chunk_bytes: int = CHUNK_BYTES,
     ) -> None:
         self.fs = fs
         self.start_seq = start_seq
         self.before_late_record = before_late_record
+        self.chunk_bytes = chunk_bytes
         self.reported = 0  # how many of `problems` the caller has dealt with
         self.name = name
         self.path = os.path.join(directory, name)
@@ -125,80 +95,61 @@ class SegmentScan:
             return fmt.HEADER_LINE_LIMIT
         return self.header.max_record_bytes + fmt.LINE_OVERHEAD
 
-    def __iter__(self) -> Iterator[tuple[int, bytes]]:
+    @property
+    def stopped(self) -> bool:
+        """True when the segment shows damage no later write can mend (anything but a torn
+        tail, or a verified line after one): `read_more` reads nothing more."""
+        return self.valid_after_problem or any(p.kind not in TAIL_KINDS for p in self.problems)
+
+    def read_more(self) -> Generator[tuple[int, bytes], None, None]:
+        """Yield the records from where the last read stopped to the end of the file as it is
+        now: the whole segment at first, then what was appended since (see the class)."""
+        if self.stopped:
+            return
+        self._forget_tail()  # nothing to forget at first
         fd = self.fs.open_read(self.path)
         try:
-            yield from self._scan(fd)
+            yield from self._scan(fd, self.valid_end)
         finally:
             self.fs.close(fd)
         self._check_seal_digest()
 
-    def _scan(self, fd: int) -> Iterator[tuple[int, bytes]]:
-        fs = self.fs
+    __iter__ = read_more
+
+    def _forget_tail(self) -> None:
+        """Drop a torn tail's problems, to read again from the end of the last verified line
+        (the digest holds exactly the bytes before it)."""
+        self.problems.clear()
+        self.reported = 0
+        self._hashing = self.seal is None
+        if self.valid_end == 0:  # no verified header yet
+            self.digest = hashlib.sha256()
+
+    def _expecting(self) -> tuple[bool, int, bytes, int]:
+        """The fast path's state: whether it may run, the seq it expects next, that seq's tag,
+        and where a record's data starts after it."""
+        fast = self.header is not None and self.seal is None and not self.problems
+        expected = self.expected_seq or 0
+        tag = fmt.RECORD_TAG % expected
+        return fast, expected, tag, fmt.BODY_START + len(tag)
+
+    def _scan(self, fd: int, start: int) -> Iterator[tuple[int, bytes]]:
+        """The hot loop: every line of the segment passes here, so the common case (a verified
+        record with the next seq, nothing amiss) is checked inline, without a call."""
         xxh = fmt.xxh64_intdigest
-        frame_head = fmt.PREFIX + b'%016x",'
+        frame_head = fmt.FRAME_HEAD
         body_start = fmt.BODY_START
+        record_tag = fmt.RECORD_TAG
         start_seq = self.start_seq
-        pos = 0  # file offset of buf[0], and of held[0]
-        # The start of a line whose newline has not been read yet, one piece per read: joined
-        # once when the newline comes, so a long line costs linear time, not a copy per chunk.
-        held: list[bytes] = []
-        held_bytes = 0
-        carry = b""  # what follows a long line in the chunk that ended it
-        skipping = False  # inside an oversize line, discarding up to its newline
-        while True:
-            if carry:
-                chunk, carry = carry, b""
-            else:
-                chunk = fs.read(fd, CHUNK_BYTES)
-                if not chunk:
-                    break
-            if skipping:
-                nl = chunk.find(b"\n")
-                if nl < 0:
-                    pos += len(chunk)
-                    continue
-                pos += nl + 1
-                chunk = chunk[nl + 1 :]
-                skipping = False
-            long_line = False
-            if held:
-                nl = chunk.find(b"\n")
-                if nl < 0:
-                    held.append(chunk)
-                    held_bytes += len(chunk)
-                    if held_bytes > self._line_limit():
-                        self._oversize(pos)
-                        pos += held_bytes
-                        held, held_bytes, skipping = [], 0, True
-                    continue
-                if len(held) == 1:  # the usual case: a line cut by the chunk boundary
-                    buf = held[0] + chunk
-                else:
-                    # A line longer than a chunk, joined alone and without its newline
-                    # (_hash_to adds it); the rest of the chunk is split on the next turn.
-                    held.append(chunk[:nl])
-                    buf = b"".join(held)
-                    carry = chunk[nl + 1 :]
-                    long_line = True
-                held, held_bytes = [], 0
-            else:
-                buf = chunk
-            if long_line:
-                lines, rest = [buf], b""
-            else:
-                lines = buf.split(b"\n")
-                rest = lines.pop()
-            off = pos
+        lines_of = LineReader(self.fs, fd, start, self._line_limit, self._oversize,
+                              chunk_bytes=self.chunk_bytes)
+        for pos, buf, lines in lines_of:
             self._buf, self._pos = buf, pos
-            fast = self.header is not None and self.seal is None and not self.problems
-            expected = self.expected_seq or 0
-            tag = b'"seq":%d,"data":' % expected
-            data_at = body_start + len(tag)
+            off = pos
+            fast, expected, tag, data_at = self._expecting()
             count = 0
             for line in lines:
                 verified = line[:body_start] == frame_head % xxh(line[body_start:])
-                # The common case, kept lean: a verified record with the next seq, nothing amiss.
                 if (fast and verified and line.startswith(tag, body_start) and line[-1] == 125
                         and line[data_at] == 123):  # a JSON object: "{" ... "}"
                     off += len(line) + 1
@@ -206,17 +157,14 @@ class SegmentScan:
                     if expected >= start_seq:
                         yield expected, line[data_at:-1]
                     expected += 1
-                    tag = b'"seq":%d,"data":' % expected
+                    tag = record_tag % expected
                     data_at = body_start + len(tag)
                     continue
-                end = off + len(line) + 1
                 self._settle(count, expected, off)
                 count = 0
+                end = off + len(line) + 1
                 record = self._line(line, off, end, verified)
-                expected = self.expected_seq or 0
-                tag = b'"seq":%d,"data":' % expected
-                data_at = body_start + len(tag)
-                fast = self.header is not None and self.seal is None and not self.problems
+                fast, expected, tag, data_at = self._expecting()
                 off = end
                 if record is not None and record[0] >= start_seq:
                     yield record
@@ -226,19 +174,15 @@ class SegmentScan:
             # Let go of this turn's buffer before the next read, so a long line is held once.
             self._buf = line = b""
             del buf, lines
-            pos = off
-            if rest:
-                if len(rest) > self._line_limit():
-                    self._oversize(pos)
-                    pos += len(rest)
-                    skipping = True
-                else:
-                    held, held_bytes = [rest], len(rest)
-        self._buf = b""
-        if held:
-            kind = "zero_fill" if _zero_fill(held, pos) else "incomplete_line"
-            self._problem(pos, kind, "last line has no newline (torn or still being written)")
-        self.size = pos + held_bytes
+        self._end(lines_of)
+
+    def _end(self, lines_of: LineReader) -> None:
+        """Where the read ended: an incomplete last line, a segment without a header."""
+        if lines_of.held:
+            kind = "zero_fill" if zero_filled(lines_of.held, lines_of.pos) else "incomplete_line"
+            self._problem(lines_of.pos, kind,
+                          "last line has no newline (torn or still being written)")
+        self.size = lines_of.pos + lines_of.held_bytes
         header_kinds = ("bad_header", "unsupported_version")
         if self.header is None and not any(p.kind in header_kinds for p in self.problems):
             self._problem(0, "bad_header", "segment has no header")
@@ -281,29 +225,39 @@ class SegmentScan:
             self.valid_after_problem = True
         record = fmt.parse_data(line)
         if record is not None and self.seal is None and (self.header or off):
-            seq = record[0]
-            if seq != self.expected_seq and self.expected_seq is not None:
-                kind = "seq_gap" if seq > self.expected_seq else "seq_repeat"
-                self._problem(off, kind, f"expected seq {self.expected_seq}", seq)
-            self.expected_seq = seq + 1
-            # A record out of order or after damage: the caller may raise, or drop it.
-            if (self.problems and self.before_late_record is not None
-                    and not self.before_late_record(self)):
-                return None
-            self.last_seq = seq
-            self.records += 1
-            if not self.problems:
-                self.valid_end = end
-            else:
-                self._stop_hashing(self.valid_end)
-            return record
+            return self._record(record, off, end)
         if off == 0 and self.header is None:
             self._read_header(line)
             if self.header is not None:
                 self.valid_end = end
             else:
                 self._stop_hashing(0)
-        elif self.seal is None and self.header is not None:
+        else:
+            self._after_header(line, off, end)
+        return None
+
+    def _record(self, record: tuple[int, bytes], off: int, end: int) -> tuple[int, bytes] | None:
+        """A verified record off the fast path: out of order, or after a problem."""
+        seq = record[0]
+        if seq != self.expected_seq and self.expected_seq is not None:
+            kind = "seq_gap" if seq > self.expected_seq else "seq_repeat"
+            self._problem(off, kind, f"expected seq {self.expected_seq}", seq)
+        self.expected_seq = seq + 1
+        # A record out of order or after damage: the caller may raise, or drop it.
+        if (self.problems and self.before_late_record is not None
+                and not self.before_late_record(self)):
+            return None
+        self.last_seq = seq
+        self.records += 1
+        if not self.problems:
+            self.valid_end = end
+        else:
+            self._stop_hashing(self.valid_end)
+        return record
+
+    def _after_header(self, line: bytes, off: int, end: int) -> None:
+        """A verified line that is not a record, past the header: the seal, or misplaced."""
+        if self.seal is None and self.header is not None:
             if not self._read_seal(off, line):
                 self._problem(off, "bad_line", "unexpected line kind", None)
                 self._stop_hashing(self.valid_end)
@@ -315,7 +269,6 @@ class SegmentScan:
             kind = "data_after_seal" if self.seal is not None else "bad_line"
             self._problem(off, kind, "line where none may stand", None)
             self._stop_hashing(self.valid_end)
-        return None
 
     def _read_header(self, line: bytes) -> None:
         try:
@@ -359,6 +312,22 @@ class SegmentScan:
                           "segment bytes do not match the SHA-256 in its seal", self.seal.last_seq)
 
 
+# A peek at a segment's first record reads its header and the start of the record at once.
+PEEK_BYTES = fmt.HEADER_LINE_LIMIT + 4096
+
+
+def first_record(fs: FileSystem, directory: str, name: str) -> tuple[int, bytes] | None:
+    """(seq, data) of a segment's first verified record, read no further than its end; None
+    when the segment holds none or cannot be read."""
+    records = SegmentScan(fs, directory, name, chunk_bytes=PEEK_BYTES).read_more()
+    try:
+        return next(records, None)
+    except (OSError, WaljError):
+        return None
+    finally:
+        records.close()
+
+
 def _header_of(head: bytes) -> fmt.Header | None:
     line = head.split(b"\n", 1)[0]
     if len(line) == len(head) or not fmt.checksum_ok(line):
@@ -383,8 +352,6 @@ def read_header(fs: FileSystem, directory: str, name: str) -> fmt.Header | None:
     return _header_of(head)
 
 
-# A seal line is under 200 bytes (three numbers and a digest); a longer last line is not one.
-SEAL_LINE_LIMIT = 1024
 
 
 def read_ends(fs: FileSystem, directory: str, name: str) -> tuple[fmt.Header | None,
