@@ -19,8 +19,8 @@ from ..errors import SerializationError, UnsupportedVersionError
 
 __all__ = ["BASE_NAME", "BASE_TAG", "BASE_TMP", "FORMAT_VERSION", "HEADER_LINE_LIMIT",
            "LINE_OVERHEAD", "LOCK_NAME", "MANIFEST", "MAX_RECORD_BYTES_LIMIT", "OWNER_NAME",
-           "PURE_XXH64", "QUARANTINE_DIR", "SEAL_LINE_LIMIT", "SEGMENT_RE", "SEGMENT_TMP_SUFFIX", "Header",
-           "Seal", "checksum", "checksum_ok", "encode_record", "frame", "frame_record",
+           "PURE_XXH64", "QUARANTINE_DIR", "SEAL_LINE_LIMIT", "SEGMENT_RE", "SEGMENT_TMP_SUFFIX",
+           "Header", "Seal", "checksum", "checksum_ok", "encode_record", "frame", "frame_record",
            "parse_data", "parse_header", "parse_seal", "segment_index", "segment_name"]
 
 xxh64_intdigest: Callable[[bytes | memoryview], int]
