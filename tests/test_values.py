@@ -26,7 +26,7 @@ import walj
 from walj import _codec, _deepjson
 from walj._codec import NestingError
 from walj.errors import SerializationError
-from walj.journal import _records as rc
+from walj.journal import records as rc
 from walj.journal._fingerprint import Redactor, canonical_json, describe_output, fingerprint
 from walj.journal._resolve import check_actor
 

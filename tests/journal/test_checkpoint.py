@@ -14,8 +14,8 @@ from journal_helpers import records
 
 import walj
 from walj.journal import _checkpoint, _compact
-from walj.journal import _records as rc
-from walj.journal._recovery import rebuild
+from walj.journal import records as rc
+from walj.journal.state import rebuild
 
 
 def ok(**arguments: Any) -> dict[str, Any]:

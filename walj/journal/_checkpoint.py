@@ -15,13 +15,13 @@ from typing import Any
 
 from .. import _codec
 from ..errors import CorruptionError, RecordTooLargeError
-from . import _records as r
-from ._decode import decode_record, show, turn_number
+from . import records as r
 from ._openwork import OpenExecution, OpenTurn
 from ._records import Cut, Resolution
+from .records import decode_record, show, turn_number
 
-# The state is a _recovery.RecoveryState, typed `Any` here: that module imports this one.
-RecoveryState = Any
+# The state is a state.JournalState, typed `Any` here: that module imports this one.
+JournalState = Any
 
 # Resolutions carried beyond those of turns still open: the newest, for the recovery view.
 CARRIED_RESOLUTIONS = 1000
@@ -34,8 +34,6 @@ _FILTER_CHUNK = 256 * 1024  # compressed filter bytes per item
 _SETTLED_CHUNK = 128 * 1024  # bytes of settled calls per item (a part holds several)
 _ID = re.compile(r"[0-9a-f]{32}")
 _REQUEST_IDS_PER_ITEM = 32  # applied request ids per item (about 1 KB)
-_PART0 = re.compile(rb'\{"kind":"checkpoint","version":[0-9]+,"checkpoint_id":"([0-9a-f]{32})",'
-                    rb'"part":0,')
 
 
 class IncompleteCheckpointError(CorruptionError):
@@ -47,12 +45,6 @@ class IncompleteCheckpointError(CorruptionError):
         self.checkpoint_id = checkpoint_id
 
 
-def first_part_id(data: bytes) -> str | None:
-    """The checkpoint id when `data` (a record's first bytes) begins a checkpoint."""
-    found = _PART0.match(data)
-    return found.group(1).decode() if found else None
-
-
 # --- writing -------------------------------------------------------------------------------------
 
 def _text(record: Mapping[str, Any] | bytes) -> str:
@@ -61,7 +53,7 @@ def _text(record: Mapping[str, Any] | bytes) -> str:
     return data.decode("utf-8")
 
 
-def _items(state: RecoveryState, settling: Mapping[str, tuple[dict[str, Any], int]],
+def _items(state: JournalState, settling: Mapping[str, tuple[dict[str, Any], int]],
            budget: int) -> Iterator[dict[str, Any]]:
     open_turns = set(state.turn_stack)
     kept = [res for res in state.resolutions if res.turn_sequence in open_turns]
@@ -143,7 +135,7 @@ def _settled_item(chunk: list[tuple[str, str, int, str]]) -> dict[str, Any]:
             "settlings": [e[3] for e in chunk]}
 
 
-def build_parts(state: RecoveryState, settling: Mapping[str, tuple[dict[str, Any], int]],
+def build_parts(state: JournalState, settling: Mapping[str, tuple[dict[str, Any], int]],
                 record_limit: int, at: float) -> list[dict[str, Any]]:
     """The records of a checkpoint of `state`, each within `record_limit` bytes. `settling`:
     for each call id in the replay index, the record that settled it (a terminal record or a
@@ -165,9 +157,9 @@ def build_parts(state: RecoveryState, settling: Mapping[str, tuple[dict[str, Any
         groups[-1].append(item)
         size += length
     checkpoint_id = secrets.token_hex(16)
-    return [{"kind": r.CHECKPOINT, "version": r.CONTRACT_VERSION,
-             "checkpoint_id": checkpoint_id, "part": part, "parts": len(groups), "at": at,
-             "items": items} for part, items in enumerate(groups)]
+    return [r.new_record(r.CHECKPOINT, checkpoint_id=checkpoint_id, part=part,
+                         parts=len(groups), at=at, items=items)
+            for part, items in enumerate(groups)]
 
 
 def settling_record(record: Mapping[str, Any], call_id: str) -> tuple[dict[str, Any], int] | None:
@@ -273,7 +265,7 @@ class CheckpointLoad:
             f"checkpoint {self.checkpoint_id} (from record {self.first_seq}) ends after "
             f"{self.next_part} of its {self.parts} parts", self.checkpoint_id, seq)
 
-    def apply(self, state: RecoveryState, seq: int, part: int, items: list[Any]) -> None:
+    def apply(self, state: JournalState, seq: int, part: int, items: list[Any]) -> None:
         for item in items:
             kind = item.get("item")
             if part == 0 and item is items[0]:
@@ -287,7 +279,7 @@ class CheckpointLoad:
             load(self, state, seq, item)
         self.next_part = part + 1
 
-    def finish(self, state: RecoveryState, seq: int) -> None:
+    def finish(self, state: JournalState, seq: int) -> None:
         if sorted(state.turns) != sorted(state.turn_stack):
             raise _bad(seq, "does not carry each of its open turns once")
         for execution, turn_seq in self.links:
@@ -301,7 +293,7 @@ class CheckpointLoad:
                 raise _bad(seq, f"carries a filter that cannot be read: {exc}") from None
         state.top = state.turns[state.turn_stack[-1]] if state.turn_stack else None
 
-    def _summary(self, state: RecoveryState, seq: int, item: Mapping[str, Any]) -> None:
+    def _summary(self, state: JournalState, seq: int, item: Mapping[str, Any]) -> None:
         state.records = _get(item, "covers_records", seq, _int, "a count") + 1
         state.session_id = _get(item, "session_id", seq, _opt_str, "a string")
         state.ended_seq = _get(item, "ended_seq", seq, _opt_int, "a seq")
@@ -316,7 +308,7 @@ class CheckpointLoad:
         self.wants_filter = _get(item, "forgotten_calls", seq, lambda v: type(v) is bool,
                                  "a boolean")
 
-    def _turn(self, state: RecoveryState, seq: int, item: Mapping[str, Any]) -> None:
+    def _turn(self, state: JournalState, seq: int, item: Mapping[str, Any]) -> None:
         sequence = _get(item, "turn_sequence", seq, lambda v: turn_number(v) is not None,
                         "a turn number")
         if sequence not in state.turn_stack or sequence in state.turns:
@@ -328,7 +320,7 @@ class CheckpointLoad:
         turn.resolved = _get(item, "resolved", seq, lambda v: type(v) is bool, "a boolean")
         state.turns[sequence] = turn
 
-    def _execution(self, state: RecoveryState, seq: int, item: Mapping[str, Any]) -> None:
+    def _execution(self, state: JournalState, seq: int, item: Mapping[str, Any]) -> None:
         execution_id = _get(item, "execution_id", seq, _str, "an id")
         execution = OpenExecution(_decoded(item, "started", seq),
                                   _get(item, "seq", seq, _int, "a seq"),
@@ -341,12 +333,12 @@ class CheckpointLoad:
             self.links.append((execution, linked))
         state.executions[execution_id] = execution
 
-    def _llm_call(self, state: RecoveryState, seq: int, item: Mapping[str, Any]) -> None:
+    def _llm_call(self, state: JournalState, seq: int, item: Mapping[str, Any]) -> None:
         call_id = _get(item, "llm_call_id", seq, _str, "an id")
         state.llm_calls[call_id] = (_decoded(item, "started", seq),
                                     _get(item, "seq", seq, _int, "a seq"))
 
-    def _cut(self, state: RecoveryState, seq: int, item: Mapping[str, Any]) -> None:
+    def _cut(self, state: JournalState, seq: int, item: Mapping[str, Any]) -> None:
         cut = Cut(_get(item, "quarantine_file", seq, _str, "a name"),
                   _get(item, "segment", seq, _str, "a name"),
                   _get(item, "offset", seq, _int, "an offset"),
@@ -361,7 +353,7 @@ class CheckpointLoad:
         if not cut.explained and not cut.resolved:
             state.cuts.damage[cut.quarantine_file] = cut
 
-    def _resolution(self, state: RecoveryState, seq: int, item: Mapping[str, Any]) -> None:
+    def _resolution(self, state: JournalState, seq: int, item: Mapping[str, Any]) -> None:
         state.resolutions.append(Resolution(
             _get(item, "resolution_kind", seq, _str, "a kind"),
             _get(item, "execution_id", seq, _opt_str, "an id"),
@@ -373,7 +365,7 @@ class CheckpointLoad:
             _get(item, "at", seq, _opt_time, "a time"),
             _get(item, "seq", seq, _int, "a seq"), item.get("output")))
 
-    def _settled_calls(self, state: RecoveryState, seq: int, item: Mapping[str, Any]) -> None:
+    def _settled_calls(self, state: JournalState, seq: int, item: Mapping[str, Any]) -> None:
         call_ids = _get(item, "call_ids", seq, _strs, "a list of call ids")
         count = len(call_ids)
         shas = _get(item, "arguments_sha256", seq,
@@ -387,12 +379,12 @@ class CheckpointLoad:
         for call_id, sha in zip(call_ids, shas, strict=True):
             settle(call_id, sha, seq)
 
-    def _applied_requests(self, state: RecoveryState, seq: int,
+    def _applied_requests(self, state: JournalState, seq: int,
                           item: Mapping[str, Any]) -> None:
         for request_id in _get(item, "ids", seq, _strs, "a list of request ids"):
             state.requests.note(request_id)
 
-    def _forgotten(self, state: RecoveryState, seq: int, item: Mapping[str, Any]) -> None:
+    def _forgotten(self, state: JournalState, seq: int, item: Mapping[str, Any]) -> None:
         offset = _get(item, "offset", seq, lambda v: v == len(self.filter), "the next offset")
         del offset
         try:
@@ -402,7 +394,7 @@ class CheckpointLoad:
             raise _bad(seq, f"carries filter bytes that are not base64: {exc}") from None
 
 
-_LOADERS: dict[str, Callable[[CheckpointLoad, RecoveryState, int, Mapping[str, Any]], None]] = {
+_LOADERS: dict[str, Callable[[CheckpointLoad, JournalState, int, Mapping[str, Any]], None]] = {
     "turn": CheckpointLoad._turn, "execution": CheckpointLoad._execution,
     "llm_call": CheckpointLoad._llm_call, "cut": CheckpointLoad._cut,
     "resolution": CheckpointLoad._resolution, "settled_calls": CheckpointLoad._settled_calls,

@@ -19,12 +19,13 @@ from ..errors import (
 )
 from ..log import Log, Record, read
 from . import _damage, _writes
-from . import _records as rc
+from . import records as rc
 from ._checkpoint import settling_record
 from ._fingerprint import Redactor
 from ._observe import ToolObserver
-from ._recovery import Recovery, RecoveryState
+from ._records import Recovery
 from ._tools import Tool
+from .state import JournalState, rebuild
 
 
 class TurnSlot:
@@ -46,7 +47,7 @@ class Core:
     state and the live sets, for quick readers. `resolve_lock` keeps resolutions one at a time.
     """
 
-    def __init__(self, log: Log, state: RecoveryState, tools: dict[str, Tool], *,
+    def __init__(self, log: Log, state: JournalState, tools: dict[str, Tool], *,
                  arguments_chars: int, output_chars: int, redactor: Redactor,
                  store_arguments: bool, block_on_pending_llm_calls: bool,
                  stored_output_limit: int | None = None, read_options: Any = None,
@@ -195,9 +196,10 @@ class Core:
             if synced > self.synced_floor:
                 record[rc.SYNCED_THROUGH] = synced
             try:
+                data = rc.encode_record(record)  # the bytes the log writes, and a replay reads
                 seq = self.log.append(record, durable=durable)
                 with self.lock:
-                    self.state.feed(seq, record)
+                    self.state.feed(seq, data)
                     if on_fed is not None:
                         on_fed(seq)
             except (SerializationError, RecordTooLargeError, ClosedError):
@@ -214,10 +216,10 @@ class Core:
         compaction, the replay index points into the checkpoint, not at dropped records."""
         if self.unknown_state is not None:
             return
-        state = RecoveryState(self.state.calls.window)
         try:
-            for record in read(self.log.path, **self.read_options):
-                state.feed(record.seq, record.data)
+            state = rebuild(((record.seq, record.data)
+                             for record in read(self.log.path, **self.read_options)),
+                            self.state.calls.window)
         except Exception as exc:  # damaged meanwhile: fail closed, refuse work until reopened
             self.unknown_state = exc
             return

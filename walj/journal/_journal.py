@@ -4,7 +4,6 @@ state and writes live in its Core."""
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -28,7 +27,7 @@ from ._fingerprint import (
 from ._llm import LLMCall
 from ._observe import ToolObserver, check_observers
 from ._opening import open_log
-from ._recovery import Recovery, Resolution
+from ._records import Recovery, Resolution
 from ._sessions import check_session_id, directory_name
 from ._tools import Tool, error_result, invoke, lookup, normalise_calls, tools_from
 from ._turn import Turn
@@ -127,7 +126,7 @@ class ToolJournal:
             core.observers = watching
             core.release_on_request = (release_on_request if callable(release_on_request)
                                        else bool(release_on_request))
-            core.before_turn = functools.partial(_compact.checkpoint_if_due, core)
+            core.before_turn = _compact.AutoCheckpoint(core)
             if log_options.get("recovery") != "salvage":
                 core.record_cuts()
                 _resolve.settle_automatically(core)

@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import CorruptionError
-from . import _records as r
-from ._decode import decode_record
+from . import records as r
+from .records import decode_record
 
 
 class OpenExecution:
@@ -50,7 +50,7 @@ class OpenTurn:
 
     def __init__(self, sequence: int, seq: int, started_at: float | None) -> None:
         self.sequence = sequence
-        self.tag = b',"turn_sequence":%d,' % sequence  # how its executions' started records name it
+        self.tag = r.turn_tag(sequence)  # how its executions' started records name it
         self.seq = seq
         self.started_at = started_at
         self.started = 0  # executions started in it

@@ -13,11 +13,9 @@ from .._codec import NestingError
 from ..errors import SerializationError, ToolBlocked, ToolCancelled
 from ._fingerprint import ERROR_CHARS as ERROR_CHARS
 from ._fingerprint import Digest
-from ._recovery import Blocker
+from ._records import Blocker
 
 ON_AMBIGUOUS = ("fail", "assume_done", "rerun")
-OUTCOMES = ("ok", "error", "cancelled", "blocked", "refused")
-RESULT_KEYS = ("name", "call_id", "arguments", "output", "error")
 
 Reconcile = Callable[[Blocker], "str | None"]
 
