@@ -250,7 +250,8 @@ def test_recovery_and_fingerprint_need_only_the_standard_library(tmp_path: Path)
             (1, b'{{"kind":"turn_started","version":2,"turn_sequence":1,"at":1.0}}'),
             (2, {{"kind": "tool_execution_started", "version": 2, "execution_id": "a" * 32,
                  "at": 1.0, "turn_sequence": 1, "tool": "t",
-                 "arguments_sha256": _fingerprint.fingerprint({{"x": 1}})}}),
+                 "arguments_sha256": _fingerprint.sha256_text(
+                     _fingerprint.canonical_json({{"x": 1}}))}}),
         ])
         print(state.snapshot().blockers[0].state)
         print(sorted(m for m in sys.modules if m.startswith("walj")))

@@ -14,7 +14,8 @@ from ..errors import CorruptionError, RecordTooLargeError, WaljError
 from ..log import Record, read
 from . import _writes
 from . import records as rc
-from ._checkpoint import build_parts, settling_record
+from ._checkpoint import settling_record
+from ._checkpoint_parts import build_parts
 from .records import time_of
 from .state import MAX_KEEP_TURNS
 
