@@ -6,9 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import CorruptionError
 from . import records as r
-from .records import decode_record
 
 
 class OpenExecution:
@@ -33,15 +31,7 @@ class OpenExecution:
     def record(self) -> Mapping[str, Any]:
         if self._record is None:
             assert self._raw is not None
-            try:
-                record = decode_record(self._raw)
-            except ValueError as exc:
-                raise CorruptionError(f"journal record {self.seq} is not JSON: {exc}",
-                                      seq=self.seq, kind="journal_record") from None
-            if not isinstance(record, dict):
-                raise CorruptionError(f"journal record {self.seq} is not a JSON object",
-                                      seq=self.seq, kind="journal_record")
-            self._record, self._raw = record, None
+            self._record, self._raw = r.decode_object(self.seq, self._raw), None
         return self._record
 
 

@@ -14,21 +14,21 @@ import re
 from typing import Any, Literal
 
 from .. import _codec
+from ..errors import CorruptionError
 
 __all__ = [
     "AMBIGUOUS", "BLOCKED", "CHECKPOINT", "CONTRACT_VERSION", "FIELDS", "FINISHED",
-    "FINISHED_PREFIX", "LLM_FINISHED",
-    "LLM_RESOLVED", "LLM_STARTED", "LOG_CUT", "LOG_CUT_RESOLVED", "MAX_TIME", "MAX_TURN",
-    "OUTPUT_DROPPED", "OUTPUT_NOT_STORABLE", "OUTPUT_TOO_LARGE", "RECONCILE_FAILED",
-    "REFUSED", "REFUSED_ARGUMENTS_DIFFER", "REFUSED_OUTPUT_NOT_STORED", "REFUSED_OUTSIDE_WINDOW",
-    "RELEASED", "REPLAYED", "REQUEST_ANSWERS", "REQUEST_REFUSED", "RESOLVED", "SESSION_ENDED",
-    "SESSION_NAMED", "SETTLED_RESOLUTIONS", "STARTED", "STARTED_PREFIX", "STATE_AMBIGUOUS",
-    "STATE_INTERRUPTED_TURN", "STATE_LOG_DAMAGE", "STATE_PENDING_LLM_CALL", "STATE_STARTED",
-    "SUBJECT", "SUPPORTED_VERSIONS", "SYNCED_THROUGH", "TURN_COMPLETED", "TURN_COMPLETED_PREFIX",
-    "TURN_RESOLVED", "TURN_STARTED", "TURN_STARTED_PREFIX", "call_key", "decode_record",
-    "encode_record", "first_part_id", "new_record", "peek_finished", "peek_started",
-    "peek_turn_started", "raw_call_key", "record_kind", "show", "subject_of", "time_of",
-    "turn_number", "turn_tag",
+    "FINISHED_PREFIX", "LLM_FINISHED", "LLM_RESOLVED", "LLM_STARTED", "LOG_CUT", "LOG_CUT_RESOLVED",
+    "MAX_TIME", "MAX_TURN", "OUTPUT_DROPPED", "OUTPUT_NOT_STORABLE", "OUTPUT_TOO_LARGE",
+    "RECONCILE_FAILED", "REFUSED", "REFUSED_ARGUMENTS_DIFFER", "REFUSED_OUTPUT_NOT_STORED",
+    "REFUSED_OUTSIDE_WINDOW", "RELEASED", "REPLAYED", "REQUEST_ANSWERS", "REQUEST_REFUSED",
+    "RESOLVED", "SESSION_ENDED", "SESSION_NAMED", "SETTLED_RESOLUTIONS", "STARTED",
+    "STARTED_PREFIX", "STATE_AMBIGUOUS", "STATE_INTERRUPTED_TURN", "STATE_LOG_DAMAGE",
+    "STATE_PENDING_LLM_CALL", "STATE_STARTED", "SUBJECT", "SUPPORTED_VERSIONS", "SYNCED_THROUGH",
+    "TURN_COMPLETED", "TURN_COMPLETED_PREFIX", "TURN_RESOLVED", "TURN_STARTED",
+    "TURN_STARTED_PREFIX", "call_key", "decode_object", "decode_record", "encode_record",
+    "first_part_id", "new_record", "peek_finished", "peek_started", "peek_turn_started",
+    "raw_call_key", "record_kind", "show", "subject_of", "time_of", "turn_number", "turn_tag",
 ]
 
 # Bump when a record kind is added or a field changes meaning: an older walj must refuse a log
@@ -189,6 +189,19 @@ def decode_record(data: bytes) -> Any:
             and _codec._depth(value) > _codec.MAX_DEPTH):
         raise ValueError(f"nested more than {_codec.MAX_DEPTH} levels deep")
     return value
+
+
+def decode_object(seq: int, data: bytes) -> dict[str, Any]:
+    """Journal record `seq` decoded: CorruptionError when it is not one JSON object."""
+    try:
+        record = decode_record(data)
+    except ValueError as exc:
+        raise CorruptionError(f"journal record {seq} is not JSON: {exc}", seq=seq,
+                              kind="journal_record") from None
+    if not isinstance(record, dict):
+        raise CorruptionError(f"journal record {seq} is not a JSON object", seq=seq,
+                              kind="journal_record")
+    return record
 
 
 def time_of(value: Any) -> float | None:

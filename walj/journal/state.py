@@ -18,7 +18,20 @@ from ._damage import CutLedger, unrecorded
 from ._openwork import OpenExecution, OpenTurn
 from ._records import Resolution
 from ._snapshot import StateView, _opt_str, _time
-from .records import call_key, raw_call_key, show, time_of, turn_number
+from .records import (
+    FINISHED_PREFIX,
+    STARTED_PREFIX,
+    TURN_COMPLETED_PREFIX,
+    TURN_STARTED_PREFIX,
+    call_key,
+    peek_finished,
+    peek_started,
+    peek_turn_started,
+    raw_call_key,
+    show,
+    time_of,
+    turn_number,
+)
 
 __all__ = ["MAX_KEEP_TURNS", "CutLedger", "JournalState", "rebuild", "unrecorded"]
 
@@ -82,31 +95,31 @@ class JournalState(StateView):
         """Feed one record: its JSON bytes as the log holds them (what the live journal appends
         and a replay reads), or the record decoded (walj.read's form). Refuses an unknown
         contract version or kind (fail closed)."""
-        if isinstance(data, _BYTES):
+        if type(data) is not bytes:
+            if not isinstance(data, _BYTES):
+                self._feed_decoded(seq, data)
+                return
             data = bytes(data)
-            if self._gate and self._gated(seq, r.record_kind(data),
-                                          r.first_part_id(data) is not None):
-                return
-            if self._peeked(seq, data):
-                return
-            try:
-                data = r.decode_record(data)
-            except ValueError as exc:
-                raise CorruptionError(f"journal record {seq} is not JSON: {exc}", seq=seq,
-                                      kind="journal_record") from exc
-        elif self._gate and isinstance(data, dict):
-            kind = data.get("kind")
+        if self._gate and self._gated(seq, r.record_kind(data),
+                                      r.first_part_id(data) is not None):
+            return
+        if not self._peeked(seq, data):
+            self._feed(seq, r.decode_object(seq, data))
+
+    def _feed_decoded(self, seq: int, record: Any) -> None:
+        if self._gate and isinstance(record, dict):
+            kind = record.get("kind")
             if self._gated(seq, kind if isinstance(kind, str) else None,
-                           kind == r.CHECKPOINT and data.get("part") == 0):
+                           kind == r.CHECKPOINT and record.get("part") == 0):
                 return
-        self._feed(seq, data)
+        self._feed(seq, record)
 
     def _peeked(self, seq: int, data: bytes) -> bool:
         """The commonest records, read from their bytes without a decode (the rebuild's hot
         path): True when `data` was taken so. Anything else takes the general path, which
         decodes the record and checks every field it uses."""
-        if data.startswith(r.FINISHED_PREFIX):
-            finished = r.peek_finished(data)
+        if data.startswith(FINISHED_PREFIX):
+            finished = peek_finished(data)
             if finished is None:
                 return False
             self.records += 1
@@ -114,11 +127,11 @@ class JournalState(StateView):
             execution = self.executions.pop(finished[0], None)
             if execution is not None:
                 self._close(execution, seq, not finished[1])
-        elif data.startswith(r.STARTED_PREFIX):
+        elif data.startswith(STARTED_PREFIX):
             # The journal dispatches only in its one live turn, the latest started: check for
             # that turn's tag rather than parsing the number.
             top = self.top
-            execution_id = r.peek_started(data, top.tag) if top is not None else None
+            execution_id = peek_started(data, top.tag) if top is not None else None
             if top is None or execution_id is None:
                 return False
             self.records += 1
@@ -126,12 +139,12 @@ class JournalState(StateView):
             self.executions[execution_id] = OpenExecution(data, seq, top.sequence, top)
             top.started += 1
             top.unfinished += 1
-        elif data.startswith(r.TURN_COMPLETED_PREFIX):
+        elif data.startswith(TURN_COMPLETED_PREFIX):
             self.records += 1
             self.last_seq = seq
             self._pop_turn()
-        elif data.startswith(r.TURN_STARTED_PREFIX):
-            started = r.peek_turn_started(data)
+        elif data.startswith(TURN_STARTED_PREFIX):
+            started = peek_turn_started(data)
             if started is None:
                 return False
             self.records += 1
@@ -291,22 +304,20 @@ class JournalState(StateView):
             # A guard's ToolBlocked ends a call that never ran: not a settled call.
             self._close(execution, seq, record.get("outcome") != "blocked")
 
-    def _close(self, execution: OpenExecution, seq: int, settled: bool) -> None:
-        """A terminal record closed `execution` (taken out of `executions`)."""
-        if execution.open_turn is not None:
+    def _close(self, execution: OpenExecution, seq: int, settled: bool,
+               finished: bool = True) -> None:
+        """A terminal record (`finished`) or a resolution closed `execution`, taken out of
+        `executions`: its caller-given call id is indexed, or un-indexed when the call did not
+        take effect. A resolution leaves its turn counting it unfinished: it settles the turn."""
+        if finished and execution.open_turn is not None:
             execution.open_turn.unfinished -= 1
-        self._index(execution, seq, settled)
-
-    def _index(self, execution: OpenExecution, seq: int, settled: bool) -> None:
-        """Index (or, when it did not take effect, un-index) a caller-given call id."""
-        key = raw_call_key(execution._raw) if execution._raw is not None else False
+        raw = execution._raw
+        key = raw_call_key(raw) if raw is not None else False
         if key is False:
             key = call_key(execution.record)
-        if not key:
-            return
-        if settled:
+        if key and settled:
             self.calls.settle(key[0], key[1], seq)
-        else:
+        elif key:
             self.calls.unsettle(key[0])
 
     def _session_named(self, seq: int, record: Mapping[str, Any]) -> None:
@@ -331,8 +342,7 @@ class JournalState(StateView):
         # Checked before the execution is closed: a malformed settlement settles nothing.
         outcome, actor = self._text(seq, record, "outcome"), self._text(seq, record, "actor")
         del self.executions[execution_id]
-        self._index(execution, seq, outcome in r.SETTLED_RESOLUTIONS)
-        # The turn keeps counting this execution as unfinished: its resolution settles the turn.
+        self._close(execution, seq, outcome in r.SETTLED_RESOLUTIONS, finished=False)
         self.resolutions.append(
             Resolution("execution", execution_id, execution.turn,
                        _opt_str(execution.record, "tool"), outcome, actor,
@@ -362,11 +372,9 @@ class JournalState(StateView):
         outcome, actor = self._text(seq, record, "outcome"), self._text(seq, record, "actor")
         del self.llm_calls[call_id]
         self.blocking_llm_calls.discard(call_id)
-        self.resolutions.append(
-            Resolution("llm_call", call_id, turn_number(entry[0].get("turn_sequence")), None,
-                       outcome,
-                       actor, _opt_str(record, "note"), _time(record), seq)
-        )
+        self.resolutions.append(Resolution(
+            "llm_call", call_id, turn_number(entry[0].get("turn_sequence")), None, outcome,
+            actor, _opt_str(record, "note"), _time(record), seq))
 
     def _cut_resolved(self, seq: int, record: Mapping[str, Any]) -> None:
         outcome, actor = self._text(seq, record, "outcome"), self._text(seq, record, "actor")
