@@ -103,8 +103,32 @@ class JournalState(StateView):
         if self._gate and self._gated(seq, r.record_kind(data),
                                       r.first_part_id(data) is not None):
             return
-        if not self._peeked(seq, data):
-            self._feed(seq, r.decode_object(seq, data))
+        # The commonest records are read from their bytes without a decode (the rebuild's hot
+        # path). Anything else, or bytes not in the written form, takes the general path, which
+        # decodes the record and checks every field it uses.
+        if data.startswith(FINISHED_PREFIX):
+            finished = peek_finished(data)
+            if finished is not None:
+                self.records += 1
+                self.last_seq = seq
+                execution = self.executions.pop(finished[0], None)
+                if execution is not None:
+                    self._close(execution, seq, not finished[1])
+                return
+        elif data.startswith(STARTED_PREFIX):
+            # The journal dispatches only in its one live turn, the latest started: look for
+            # that turn's tag rather than parse the number.
+            top = self.top
+            if top is not None and (execution_id := peek_started(data, top.tag)) is not None:
+                self.records += 1
+                self.last_seq = seq
+                self.executions[execution_id] = OpenExecution(data, seq, top.sequence, top)
+                top.started += 1
+                top.unfinished += 1
+                return
+        elif self._peeked_turn(seq, data):
+            return
+        self._feed(seq, r.decode_object(seq, data))
 
     def _feed_decoded(self, seq: int, record: Any) -> None:
         if self._gate and isinstance(record, dict):
@@ -114,44 +138,19 @@ class JournalState(StateView):
                 return
         self._feed(seq, record)
 
-    def _peeked(self, seq: int, data: bytes) -> bool:
-        """The commonest records, read from their bytes without a decode (the rebuild's hot
-        path): True when `data` was taken so. Anything else takes the general path, which
-        decodes the record and checks every field it uses."""
-        if data.startswith(FINISHED_PREFIX):
-            finished = peek_finished(data)
-            if finished is None:
-                return False
-            self.records += 1
-            self.last_seq = seq
-            execution = self.executions.pop(finished[0], None)
-            if execution is not None:
-                self._close(execution, seq, not finished[1])
-        elif data.startswith(STARTED_PREFIX):
-            # The journal dispatches only in its one live turn, the latest started: check for
-            # that turn's tag rather than parsing the number.
-            top = self.top
-            execution_id = peek_started(data, top.tag) if top is not None else None
-            if top is None or execution_id is None:
-                return False
-            self.records += 1
-            self.last_seq = seq
-            self.executions[execution_id] = OpenExecution(data, seq, top.sequence, top)
-            top.started += 1
-            top.unfinished += 1
-        elif data.startswith(TURN_COMPLETED_PREFIX):
+    def _peeked_turn(self, seq: int, data: bytes) -> bool:
+        """turn_completed, or turn_started in its written form, taken from its bytes."""
+        if data.startswith(TURN_COMPLETED_PREFIX):
             self.records += 1
             self.last_seq = seq
             self._pop_turn()
-        elif data.startswith(TURN_STARTED_PREFIX):
-            started = peek_turn_started(data)
-            if started is None:
-                return False
-            self.records += 1
-            self.last_seq = seq
-            self._open_turn(seq, started[0], time_of(started[1]))
-        else:
+            return True
+        started = peek_turn_started(data) if data.startswith(TURN_STARTED_PREFIX) else None
+        if started is None:
             return False
+        self.records += 1
+        self.last_seq = seq
+        self._open_turn(seq, started[0], time_of(started[1]))
         return True
 
     def _gated(self, seq: int, kind: str | None, starts_checkpoint: bool) -> bool:
