@@ -4,17 +4,12 @@ The record schema is walj.journal.records."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 # Read here by walj/cli until it imports them from walj.journal.records.
 from .records import record_kind as record_kind
 from .records import subject_of as subject_of
-
-# What a blocker's summary holds, and its full view adds (the keys of `Blocker.summary`).
-SUMMARY_FIELDS = ("execution_id", "tool", "call_id", "state", "turn_sequence")
-_DETAIL_FIELDS = ("arguments_sha256", "arguments_preview", "idempotency_key", "started_at",
-                  "seq", "error_type", "reconcile_error", "arguments", "quarantine_file")
 
 
 @dataclass(frozen=True)
@@ -41,10 +36,12 @@ class Blocker:
         """JSON-ready: what blocks (execution_id, tool, call_id, state, turn_sequence), as a
         blocked dispatch reports it; `full` adds every recorded field (the writer as
         `writer_id`), as `walj inspect --json` shows a blocker."""
-        fields = {name: getattr(self, name) for name in SUMMARY_FIELDS}
-        if full:
-            fields.update({name: getattr(self, name) for name in _DETAIL_FIELDS})
-            fields["writer_id"] = self.writer
+        if not full:
+            return {"execution_id": self.execution_id, "tool": self.tool,
+                    "call_id": self.call_id, "state": self.state,
+                    "turn_sequence": self.turn_sequence}
+        fields = asdict(self)
+        fields["writer_id"] = fields.pop("writer")
         return fields
 
 

@@ -18,20 +18,7 @@ from ._damage import CutLedger, unrecorded
 from ._openwork import OpenExecution, OpenTurn
 from ._records import Resolution
 from ._snapshot import StateView, _opt_str, _time
-from .records import (
-    FINISHED_PREFIX,
-    STARTED_PREFIX,
-    TURN_COMPLETED_PREFIX,
-    TURN_STARTED_PREFIX,
-    call_key,
-    peek_finished,
-    peek_started,
-    peek_turn_started,
-    raw_call_key,
-    show,
-    time_of,
-    turn_number,
-)
+from .records import FINISHED_PREFIX, STARTED_PREFIX, peek_finished, peek_started
 
 __all__ = ["MAX_KEEP_TURNS", "CutLedger", "JournalState", "rebuild", "unrecorded"]
 
@@ -140,17 +127,17 @@ class JournalState(StateView):
 
     def _peeked_turn(self, seq: int, data: bytes) -> bool:
         """turn_completed, or turn_started in its written form, taken from its bytes."""
-        if data.startswith(TURN_COMPLETED_PREFIX):
+        if data.startswith(r.TURN_COMPLETED_PREFIX):
             self.records += 1
             self.last_seq = seq
             self._pop_turn()
             return True
-        started = peek_turn_started(data) if data.startswith(TURN_STARTED_PREFIX) else None
+        started = r.peek_turn_started(data) if data.startswith(r.TURN_STARTED_PREFIX) else None
         if started is None:
             return False
         self.records += 1
         self.last_seq = seq
-        self._open_turn(seq, started[0], time_of(started[1]))
+        self._open_turn(seq, started[0], r.time_of(started[1]))
         return True
 
     def _gated(self, seq: int, kind: str | None, starts_checkpoint: bool) -> bool:
@@ -190,12 +177,12 @@ class JournalState(StateView):
         kind = record.get("kind")
         if type(version) is not int or version not in r.SUPPORTED_VERSIONS:
             raise UnsupportedVersionError(
-                f"journal record {seq} has contract version {show(version)}; this walj knows "
+                f"journal record {seq} has contract version {r.show(version)}; this walj knows "
                 f"{', '.join(str(v) for v in sorted(r.SUPPORTED_VERSIONS))} and refuses to guess",
                 seq=seq, kind="unsupported_contract_version")
         handler = self._handlers.get(kind) if isinstance(kind, str) else None
         if handler is None:
-            raise CorruptionError(f"journal record {seq} has unknown kind {show(kind)}",
+            raise CorruptionError(f"journal record {seq} has unknown kind {r.show(kind)}",
                                   seq=seq, kind="journal_record")
         self.records += 1
         self.last_seq = seq
@@ -217,7 +204,7 @@ class JournalState(StateView):
         value = record.get(key, default)
         if not isinstance(value, str):
             raise CorruptionError(
-                f"journal record {seq} ({record.get('kind')}) has {key} {show(value)}, not a "
+                f"journal record {seq} ({record.get('kind')}) has {key} {r.show(value)}, not a "
                 "string", seq=seq, kind="journal_record")
         return value
 
@@ -253,8 +240,8 @@ class JournalState(StateView):
         self._open_turn(seq, record.get("turn_sequence"), _time(record))
 
     def _open_turn(self, seq: int, sequence: Any, started_at: float | None) -> None:
-        if turn_number(sequence) is None or sequence in self.turns:
-            raise CorruptionError(f"journal record {seq} starts turn {show(sequence)}, which "
+        if r.turn_number(sequence) is None or sequence in self.turns:
+            raise CorruptionError(f"journal record {seq} starts turn {r.show(sequence)}, which "
                                   "is not a new turn number", seq=seq, kind="journal_record")
         self.top = self.turns[sequence] = OpenTurn(sequence, seq, started_at)
         self.turn_stack.append(sequence)
@@ -287,7 +274,7 @@ class JournalState(StateView):
     def _started(self, seq: int, record: Mapping[str, Any]) -> None:
         self._open_execution(
             self._id(seq, record),
-            OpenExecution(record, seq, turn_number(record.get("turn_sequence"))))
+            OpenExecution(record, seq, r.turn_number(record.get("turn_sequence"))))
 
     def _open_execution(self, execution_id: str, execution: OpenExecution) -> None:
         self.executions[execution_id] = execution
@@ -311,9 +298,9 @@ class JournalState(StateView):
         if finished and execution.open_turn is not None:
             execution.open_turn.unfinished -= 1
         raw = execution._raw
-        key = raw_call_key(raw) if raw is not None else False
+        key = r.raw_call_key(raw) if raw is not None else False
         if key is False:
-            key = call_key(execution.record)
+            key = r.call_key(execution.record)
         if key and settled:
             self.calls.settle(key[0], key[1], seq)
         elif key:
@@ -352,7 +339,7 @@ class JournalState(StateView):
         blocks = record.get("blocks_dispatch")
         if blocks is not None and not isinstance(blocks, bool):
             # Fail closed: a blocking flag that cannot be read must not read as "does not block".
-            raise CorruptionError(f"journal record {seq} has blocks_dispatch {show(blocks)}, "
+            raise CorruptionError(f"journal record {seq} has blocks_dispatch {r.show(blocks)}, "
                                   "not a boolean", seq=seq, kind="journal_record")
         self.llm_calls[self._id(seq, record)] = (record, seq)
         if blocks:
@@ -372,7 +359,7 @@ class JournalState(StateView):
         del self.llm_calls[call_id]
         self.blocking_llm_calls.discard(call_id)
         self.resolutions.append(Resolution(
-            "llm_call", call_id, turn_number(entry[0].get("turn_sequence")), None, outcome,
+            "llm_call", call_id, r.turn_number(entry[0].get("turn_sequence")), None, outcome,
             actor, _opt_str(record, "note"), _time(record), seq))
 
     def _cut_resolved(self, seq: int, record: Mapping[str, Any]) -> None:
