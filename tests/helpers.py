@@ -80,3 +80,11 @@ def wait_until(check: Callable[[], bool], seconds: float = 10.0) -> bool:
             return True
         time.sleep(0.02)
     return check()
+
+
+def fingerprint(value: Any) -> str:
+    """The reference fingerprint (docs/RECOVERY.md): SHA-256 of the value's canonical JSON, by
+    the standard library's encoder alone, to check the journal's fast path against."""
+    from walj.journal._fingerprint import canonical_json, sha256_text
+
+    return sha256_text(canonical_json(value))

@@ -25,8 +25,8 @@ import pytest
 from journal_helpers import Recorder, kinds, records
 
 import walj
-from walj.journal import _records as rc
-from walj.journal._recovery import rebuild
+from walj.journal import records as rc
+from walj.journal.state import rebuild
 from walj.log import _syncers
 from walj.log.fs import FileSystem
 

@@ -265,11 +265,7 @@ def crossings(name: str, surface: Surface) -> list[str]:
     return wrong
 
 
-@pytest.mark.parametrize("layer", [
-    "walj.journal", "walj.integrations", "walj.archive",
-    pytest.param("walj.cli", marks=pytest.mark.xfail(
-        strict=False, reason="the CLI still imports private modules and names of the journal "
-        "and the log; it moves to their declared surface next"))])
+@pytest.mark.parametrize("layer", ["walj.journal", "walj.integrations", "walj.archive", "walj.cli"])
 def test_every_layer_reaches_a_lower_one_only_through_declared_names(layer: str) -> None:
     surface = Surface.of_the_package()
     wrong = [line for name in sorted(surface.trees) if layer_of(name) == layer

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import fingerprint
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from journal_helpers import Recorder, records
@@ -26,8 +27,8 @@ import walj
 from walj import _codec, _deepjson
 from walj._codec import NestingError
 from walj.errors import SerializationError
-from walj.journal import _records as rc
-from walj.journal._fingerprint import Redactor, canonical_json, describe_output, fingerprint
+from walj.journal import records as rc
+from walj.journal._fingerprint import Redactor, canonical_json, describe_output
 from walj.journal._resolve import check_actor
 
 

@@ -12,7 +12,7 @@ from archive_helpers import Archive
 from helpers import segments
 
 import walj
-from walj.journal import _records as rc
+from walj.journal import records as rc
 
 
 def ok(**arguments: Any) -> dict[str, Any]:

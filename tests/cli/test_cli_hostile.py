@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 import walj
 from walj import _codec
 from walj.cli import main
-from walj.journal._recovery import rebuild
+from walj.journal.state import rebuild
 from walj.log import format as fmt
 
 OSC52 = "\x1b]52;c;ZWNobyBvd25lZA==\x07"  # writes the clipboard

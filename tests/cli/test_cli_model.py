@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import walj
-from walj.cli._model import RecoveryState, rebuild
+from walj.cli._model import JournalState, rebuild
 from walj.errors import UnsupportedVersionError
 
 CLI = Path(walj.__file__).resolve().parent / "cli"
@@ -82,7 +82,7 @@ def test_rebuild_takes_a_plain_log_first_record_only() -> None:
 
 
 def test_rebuild_gives_each_decoded_record_to_also_after_the_state_took_it() -> None:
-    state = RecoveryState()
+    state = JournalState()
     seen: list[tuple[int, Any, int]] = []
     done = rebuild(iter([
         record(1, b'{"kind":"turn_started","version":5,"turn_sequence":1,"at":1.5}'),

@@ -20,7 +20,7 @@ from cli_helpers import ENV, walj_cli
 
 import walj
 from walj.cli._main import build_parser, main
-from walj.journal import _records as rc
+from walj.journal import records as rc
 
 
 def run(capsys: pytest.CaptureFixture[str], *args: Any) -> tuple[int, str]:

@@ -13,9 +13,9 @@ from helpers import segments
 from journal_helpers import records
 
 import walj
-from walj.journal import _checkpoint, _compact
-from walj.journal import _records as rc
-from walj.journal._recovery import rebuild
+from walj.journal import _checkpoint_parts, _compact
+from walj.journal import records as rc
+from walj.journal.state import rebuild
 
 
 def ok(**arguments: Any) -> dict[str, Any]:
@@ -116,8 +116,8 @@ def test_a_checkpoint_cut_short_is_passed_over_for_the_one_before(tmp_path: Path
         execution_id = _blocked(journal)
         complete = journal.checkpoint()
         # A crash while the next checkpoint was written: its first part only, then more.
-        parts = _checkpoint.build_parts(journal._core.state, _compact._settling(journal._core),
-                                        1200, 1.0)
+        parts = _checkpoint_parts.build_parts(journal._core.state,
+                                              _compact._settling(journal._core), 1200, 1.0)
     assert len(parts) > 1
     with walj.Log.open(path, sync="never", segment_bytes=2048) as log:
         log.rotate()
@@ -255,7 +255,7 @@ def test_replay_after_compaction_answers_from_the_checkpoint(tmp_path: Path) -> 
 
 def test_outputs_beyond_the_carried_budget_are_refused_never_run(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_checkpoint, "CARRIED_OUTPUT_BYTES", 60)
+    monkeypatch.setattr(_checkpoint_parts, "CARRIED_OUTPUT_BYTES", 60)
     path = tmp_path / "s"
     runs: list[int] = []
 
@@ -349,8 +349,8 @@ def test_a_rebuild_from_the_base_waits_for_a_complete_checkpoint(tmp_path: Path)
     with _journal(path) as journal:
         _turns(journal, 20)
         execution_id = _blocked(journal)
-        parts = _checkpoint.build_parts(journal._core.state, _compact._settling(journal._core),
-                                        1200, 1.0)
+        parts = _checkpoint_parts.build_parts(journal._core.state,
+                                              _compact._settling(journal._core), 1200, 1.0)
         journal._core.log.rotate()
         journal._core.log.append(parts[0])  # cut short: a crash while it was written
         _turns(journal, 0)

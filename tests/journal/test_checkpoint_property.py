@@ -11,9 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import walj
-from walj.journal import _records as rc
+from walj.journal import records as rc
 from walj.journal._checkpoint import settling_record
-from walj.journal._recovery import RecoveryState, rebuild
+from walj.journal.state import JournalState, rebuild
 
 
 class Stop(Exception):
@@ -90,7 +90,7 @@ def _answer(records: dict[int, dict[str, Any]], call_id: str, seq: int) -> dict[
     return record
 
 
-def view(state: RecoveryState, records: dict[int, dict[str, Any]]) -> dict[str, Any]:
+def view(state: JournalState, records: dict[int, dict[str, Any]]) -> dict[str, Any]:
     """Everything an open takes from a rebuild, with each settled call's answer resolved."""
     return {
         "recovery": state.snapshot(),

@@ -12,7 +12,7 @@ import pytest
 from journal_helpers import records
 
 import walj
-from walj.journal import _records as rc
+from walj.journal import records as rc
 from walj.journal._core import Core
 from walj.journal._journal import ToolJournal
 from walj.log import Log

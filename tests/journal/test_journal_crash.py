@@ -13,7 +13,7 @@ import pytest
 from journal_helpers import Recorder, records
 
 import walj
-from walj.journal import _records as rc
+from walj.journal import records as rc
 
 ROOT = Path(__file__).resolve().parents[2]
 CHILD = Path(__file__).resolve().parent / "journal_crash_child.py"

@@ -16,7 +16,7 @@ import walj
 from tests.cli_helpers import walj_cli
 from tests.helpers import segments
 from tests.journal_helpers import Recorder, kinds, records
-from walj.journal import _records as rc
+from walj.journal import records as rc
 
 
 def _ambiguous_then_turns(path: Path, sent: Recorder, turns: int = 8) -> str:

@@ -13,7 +13,7 @@ from helpers import segments
 
 import walj
 from walj.errors import SessionEndedError, TurnError
-from walj.journal import _records as rc
+from walj.journal import records as rc
 
 
 def _last_line(path: Path) -> dict[str, object]:

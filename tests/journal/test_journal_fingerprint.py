@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import fingerprint
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -19,7 +20,6 @@ from walj.journal._fingerprint import (
     canonical_json,
     describe_arguments,
     describe_output,
-    fingerprint,
     idempotency_key,
     preview,
     safe_cut,
@@ -86,8 +86,8 @@ def test_tuples_are_arrays() -> None:
 def test_fingerprint_is_the_same_in_another_process_with_another_hash_seed() -> None:
     value = {"to": "ä@example.com", "n": [1, 2.5, -0.0, 1e300], "nested": {"b": None, "a": True}}
     code = (
-        "import json,sys; from walj.journal._fingerprint import fingerprint; "
-        "print(fingerprint(json.loads(sys.stdin.read())))"
+        "import json,sys; from walj.journal._fingerprint import canonical_json, sha256_text; "
+        "print(sha256_text(canonical_json(json.loads(sys.stdin.read()))))"
     )
     env = dict(os.environ, PYTHONHASHSEED="12345", PYTHONPATH=str(ROOT))
     out = subprocess.run([sys.executable, "-c", code], input=json.dumps(value), env=env,

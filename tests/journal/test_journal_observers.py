@@ -13,7 +13,7 @@ from journal_helpers import fails, gives_up, interrupted, kinds, records, refuse
 
 import walj
 from walj.journal import ExecutionEnd, ToolContext, ToolObserver
-from walj.journal._recovery import rebuild
+from walj.journal.state import rebuild
 
 
 class Watcher(ToolObserver):

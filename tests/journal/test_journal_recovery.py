@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from walj._codec import encode
 from walj.errors import CorruptionError, UnsupportedVersionError
-from walj.journal import _records as rc
-from walj.journal._recovery import RecoveryState, rebuild
+from walj.journal import records as rc
+from walj.journal.state import JournalState, rebuild
 
 ROOT = Path(__file__).resolve().parents[2]
 T = 1700000000.0  # one timestamp for everything: pairing must not depend on time
@@ -46,7 +46,7 @@ def eid(n: int) -> str:
     return f"{n:032x}"
 
 
-def build(records: list[dict[str, Any]], as_bytes: bool = False) -> RecoveryState:
+def build(records: list[dict[str, Any]], as_bytes: bool = False) -> JournalState:
     pairs = [(i, encode(r) if as_bytes else r) for i, r in enumerate(records, 1)]
     return rebuild(pairs)
 
@@ -167,12 +167,12 @@ def test_bad_json_bytes_are_corruption() -> None:
 
 
 def test_memory_follows_open_work_not_the_log() -> None:
-    state = RecoveryState()
+    state = JournalState()
     seq = 0
     for n in range(1, 2001):
         for record in (turn_started(n), started(eid(n), n), finished(eid(n)), turn_completed(n)):
             seq += 1
-            state.feed_json(seq, encode(record))
+            state.feed(seq, encode(record))
     assert state.records == 8000 and state.max_turn == 2000
     assert not state.executions and not state.turns and not state.turn_stack
 
@@ -245,12 +245,13 @@ def test_recovery_and_fingerprint_need_only_the_standard_library(tmp_path: Path)
             package = types.ModuleType(name)  # the folder alone, not its __init__'s imports
             package.__path__ = [str({str(ROOT)!r} + "/" + folder)]
             sys.modules[name] = package
-        from walj.journal import _recovery, _fingerprint
-        state = _recovery.rebuild([
+        from walj.journal import state as journal_state, _fingerprint
+        state = journal_state.rebuild([
             (1, b'{{"kind":"turn_started","version":2,"turn_sequence":1,"at":1.0}}'),
             (2, {{"kind": "tool_execution_started", "version": 2, "execution_id": "a" * 32,
                  "at": 1.0, "turn_sequence": 1, "tool": "t",
-                 "arguments_sha256": _fingerprint.fingerprint({{"x": 1}})}}),
+                 "arguments_sha256": _fingerprint.sha256_text(
+                     _fingerprint.canonical_json({{"x": 1}}))}}),
         ])
         print(state.snapshot().blockers[0].state)
         print(sorted(m for m in sys.modules if m.startswith("walj")))
@@ -262,8 +263,8 @@ def test_recovery_and_fingerprint_need_only_the_standard_library(tmp_path: Path)
     lines = out.stdout.splitlines()
     assert lines[0] == "started"
     assert lines[1] == str(sorted([
-        "walj", "walj.journal", "walj.journal._applied", "walj.journal._recovery",
-        "walj.journal._records",
-        "walj.journal._damage", "walj.journal._decode", "walj.journal._fingerprint",
+        "walj", "walj.journal", "walj.journal._applied", "walj.journal.state",
+        "walj.journal._records", "walj.journal.records",
+        "walj.journal._damage", "walj.journal._fingerprint",
         "walj.journal._callindex", "walj.journal._openwork", "walj.journal._checkpoint",
         "walj.journal._snapshot", "walj._codec", "walj.errors"]))

@@ -11,9 +11,10 @@ import pytest
 from journal_helpers import Recorder, kinds, records
 
 import walj
-from walj.journal import _records as rc
-from walj.journal._callindex import CallIndex, Forgotten, raw_call_key
-from walj.journal._recovery import rebuild
+from walj.journal import records as rc
+from walj.journal._callindex import CallIndex, Forgotten
+from walj.journal.records import raw_call_key
+from walj.journal.state import rebuild
 
 
 def _open(path: Path, tools: dict[str, Any] | None = None, **options: Any) -> walj.ToolJournal:

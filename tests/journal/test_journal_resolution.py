@@ -6,12 +6,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import fingerprint
 from journal_helpers import Recorder, records
 
 import walj
 from walj._codec import encode
-from walj.journal import _records as rc
-from walj.journal._fingerprint import TRUNCATION_MARKER, fingerprint, idempotency_key
+from walj.journal import records as rc
+from walj.journal._fingerprint import TRUNCATION_MARKER, idempotency_key
 from walj.log._log import Log
 
 

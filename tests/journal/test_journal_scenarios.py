@@ -9,7 +9,7 @@ import pytest
 from journal_helpers import Recorder, kinds, records
 
 import walj
-from walj.journal import _records as rc
+from walj.journal import records as rc
 from walj.log._log import Log
 
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from journal_helpers import kinds
 
 import walj
-from walj.journal import _records as rc
+from walj.journal import records as rc
 from walj.journal._sessions import directory_name
 
 SAFE = st.from_regex(r"\A[A-Za-z0-9_][A-Za-z0-9_.@+=-]{0,127}\Z")

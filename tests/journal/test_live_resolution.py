@@ -18,8 +18,8 @@ from journal_helpers import records
 
 import walj
 from walj.errors import ResolutionError
-from walj.journal._recovery import rebuild
 from walj.journal._requests import request_fields
+from walj.journal.state import rebuild
 from walj.log import post_request
 
 ROOT = str(Path(__file__).resolve().parents[2])

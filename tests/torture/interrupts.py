@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import walj
-from walj.journal._recovery import RecoveryState, rebuild
+from walj.journal.state import JournalState, rebuild
 from walj.log import pending_requests
 
 WALJ_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(walj.__file__)))
@@ -1009,7 +1009,7 @@ def journal_log_problems(records: Iterable[walj.Record]) -> Iterator[tuple[str, 
     at a time, and a dispatch returns before its turn ends), or while an earlier tool-bearing
     turn is interrupted. Executions of the intent's own turn may be in flight (concurrent
     adispatch calls), so they do not count."""
-    state = RecoveryState()
+    state = JournalState()
     turns: dict[int, int] = {}
     terminal: dict[str, str] = {}
     for r in records:

@@ -19,7 +19,7 @@ from budget import SEED, TALLY, rng_for, scaled
 from sigkill import Kill, run_and_kill, run_trials
 
 import walj
-from walj.journal._recovery import rebuild
+from walj.journal.state import rebuild
 
 MODES = ("always", "batch", "interval", "never")
 REQUEST_TRIALS = scaled(6, minimum=2)

@@ -32,8 +32,8 @@ from ._common import (
 )
 from ._model import (
     Blocker,
+    JournalState,
     Recovery,
-    RecoveryState,
     age,
     blocker_json,
     in_flight,
@@ -47,7 +47,7 @@ from ._records import KIND_WIDTH, summary
 
 
 def journal_state(path: str, log_scan: LogScan, records: Iterator[tuple[int, bytes]],
-                  also: Any = None, state: RecoveryState | None = None) -> RecoveryState:
+                  also: Any = None, state: JournalState | None = None) -> JournalState:
     """The journal's state rebuilt from every record (each also given to `also`, a callable
     taking seq and decoded data, when given). Refusals become one-line errors."""
     done = rebuild(records, also, state)
@@ -70,7 +70,7 @@ def journal_state(path: str, log_scan: LogScan, records: Iterator[tuple[int, byt
     return done.state
 
 
-def snapshot(path: str, state: RecoveryState) -> Recovery:
+def snapshot(path: str, state: JournalState) -> Recovery:
     """The recovery view; a blocker's started record is decoded only now, so it may be the one
     that cannot be read."""
     try:

@@ -20,13 +20,12 @@ from ..journal import (
     resolve_session_turn,
 )
 from ..journal import end_idle as end_idle_journal
-from ..journal._damage import CutLedger, unrecorded
-from ..journal._decode import decode_record, time_of, turn_number
-from ..journal._records import record_kind, subject_of
-from ..journal._recovery import MAX_KEEP_TURNS, RecoveryState
+from ..journal.records import decode_record, record_kind, subject_of, time_of, turn_number
+from ..journal.state import MAX_KEEP_TURNS, CutLedger, JournalState, unrecorded
+from ..journal.state import rebuild as rebuild_state
 from ..log.quarantine import cut_lines, read_manifest
 
-__all__ = ["DEFAULT_WAIT", "MAX_KEEP_TURNS", "Blocker", "Rebuild", "Recovery", "RecoveryState",
+__all__ = ["DEFAULT_WAIT", "MAX_KEEP_TURNS", "Blocker", "Rebuild", "JournalState", "Recovery",
            "age", "blocker_json", "decode_record", "end_idle_journal", "in_flight", "kind_of",
            "known_ids", "note_unrecorded", "rebuild", "resolve_session", "resolve_session_turn",
            "subject_of", "time_of", "turn_number"]
@@ -51,14 +50,14 @@ def kind_of(raw: bytes) -> str:
 class Rebuild:
     """A journal's state rebuilt from a log's records, and where the rebuild stopped."""
 
-    state: RecoveryState = field(default_factory=RecoveryState)
+    state: JournalState = field(default_factory=JournalState)
     plain: bool = False  # the first record has no journal kind: a plain log, nothing fed
     seq: int = 0  # the last record taken (the refused one, if any); 0: the log holds none
     refusal: Exception | None = None  # what the journal refused (WaljError or ValueError)
 
 
 def rebuild(records: Records, also: Callable[[int, Any], None] | None = None,
-            state: RecoveryState | None = None) -> Rebuild:
+            state: JournalState | None = None) -> Rebuild:
     """Feed records in log order to the journal's own state (and each decoded record to
     `also`, when given), up to the end or the first record the journal refuses. Stops after
     the first record of a plain log; the records after a stop are left in `records`."""
@@ -66,26 +65,29 @@ def rebuild(records: Records, also: Callable[[int, Any], None] | None = None,
     first = next(records, None)
     if first is None:
         return done
-    seq = done.seq = first[0]
+    done.seq = first[0]
     if kind_of(first[1]) == "-":
         done.plain = True
         return done
     try:
-        if also is None:
-            feed_json = done.state.feed_json  # the hot loop: the journal's byte-level path
-            feed_json(*first)
-            for seq, raw in records:
-                feed_json(seq, raw)
-        else:
-            feed = done.state.feed
-            for seq, raw in itertools.chain((first,), records):
-                data = decode_record(raw)
-                feed(seq, data)
-                also(seq, data)
+        rebuild_state(_taken(done, itertools.chain((first,), records), also), into=done.state)
     except (WaljError, ValueError) as exc:
         done.refusal = exc
-    done.seq = seq
     return done
+
+
+def _taken(done: Rebuild, records: Records,
+           also: Callable[[int, Any], None] | None) -> Iterator[tuple[int, Any]]:
+    """The records for the journal's one rebuild, each seq noted as it is taken; with `also`,
+    each record decoded, and handed to `also` once the state has taken it."""
+    for seq, raw in records:
+        done.seq = seq
+        if also is None:
+            yield seq, raw  # the hot path: the state reads the bytes
+            continue
+        data = decode_record(raw)
+        yield seq, data
+        also(seq, data)
 
 
 def note_unrecorded(path: str, ledger: CutLedger) -> None:
@@ -116,15 +118,7 @@ def in_flight(blocker: Blocker, writer: dict[str, Any] | None) -> bool:
 def blocker_json(b: Blocker, now: float | None = None,
                  writer: dict[str, Any] | None = None) -> dict[str, Any]:
     """A blocker as JSON: without `now`, only what names it (sweep's view); with it, all."""
-    named = {"execution_id": b.execution_id, "tool": b.tool, "call_id": b.call_id,
-             "state": b.state, "turn_sequence": b.turn_sequence}
     if now is None:
-        return named
-    return {
-        **named, "arguments_sha256": b.arguments_sha256,
-        "arguments_preview": b.arguments_preview, "idempotency_key": b.idempotency_key,
-        "started_at": b.started_at, "age_seconds": age(b.started_at, now), "seq": b.seq,
-        "error_type": b.error_type, "reconcile_error": b.reconcile_error,
-        "arguments": b.arguments, "quarantine_file": b.quarantine_file,
-        "writer_id": b.writer, "in_flight": in_flight(b, writer),
-    }
+        return b.summary()
+    return {**b.summary(full=True), "age_seconds": age(b.started_at, now),
+            "in_flight": in_flight(b, writer)}

@@ -31,9 +31,9 @@ from ._common import (
     write_lines,
 )
 from ._model import (
+    JournalState,
     Rebuild,
     Recovery,
-    RecoveryState,
     blocker_json,
     decode_record,
     note_unrecorded,
@@ -187,7 +187,7 @@ def _recovery(path: str, done: Rebuild) -> tuple[Recovery, tuple[str, str] | Non
             note_unrecorded(path, done.state.cuts)
         return done.state.snapshot(), journal_error
     except (WaljError, OSError) as exc:  # a blocker's record is decoded only now; quarantine/
-        return (RecoveryState().snapshot(),
+        return (JournalState().snapshot(),
                 journal_error or ("corrupt", short(f"journal: {exc}", 200)))
 
 

@@ -26,7 +26,7 @@ from ._common import (
     write_lines,
 )
 from ._inspect import journal_state, snapshot
-from ._model import RecoveryState, subject_of, time_of, turn_number
+from ._model import JournalState, subject_of, time_of, turn_number
 
 
 def _t(data: dict[str, Any]) -> float | None:
@@ -91,7 +91,7 @@ class Builder:
     """Builds the tree from decoded records in log order, each fed after `state` took it: a
     completion completes the turn the journal's own recovery paired it with."""
 
-    def __init__(self, state: RecoveryState) -> None:
+    def __init__(self, state: JournalState) -> None:
         self.state = state
         self.turns: dict[int | None, TurnNode] = {}
         self.order: list[int | None] = []
@@ -212,7 +212,7 @@ def cmd_timeline(args: argparse.Namespace) -> int:
         raise CliError("--last must be at least 1")
     names = segment_names(path)
     log_scan, records = scan(path, names, desc="reading")
-    builder = Builder(RecoveryState())
+    builder = Builder(JournalState())
     rec = snapshot(path, journal_state(path, log_scan, records, builder, builder.state))
     for b in rec.blockers:
         if b.execution_id is not None and b.execution_id in builder.executions:

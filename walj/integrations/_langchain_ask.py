@@ -28,14 +28,7 @@ def payload(done: walj.ToolResult, journal: walj.ToolJournal) -> dict[str, Any]:
 def payload_before(journal: walj.ToolJournal, name: str, call_id: str) -> dict[str, Any]:
     """The interrupt's payload for a call not dispatched yet, while the journal blocks."""
     return _payload_of(journal, name, call_id,
-                       [listed_blocker(b) for b in journal.recovery.blockers])
-
-
-def listed_blocker(blocker: walj.Blocker) -> dict[str, Any]:
-    """A blocker as a blocked call's `output["ambiguous_executions"]` lists it."""
-    return {"execution_id": blocker.execution_id, "tool": blocker.tool,
-            "call_id": blocker.call_id, "state": blocker.state,
-            "turn_sequence": blocker.turn_sequence}
+                       [b.summary() for b in journal.recovery.blockers])
 
 
 def _payload_of(journal: walj.ToolJournal, name: str, call_id: str,

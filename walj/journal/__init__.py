@@ -14,21 +14,23 @@ It never touches a file descriptor or a path inside the log directory: it reache
 through walj.log's public surface (Log, read, the errors) and the replay hooks
 `Log.open(_replay=..., _replay_start=...)`. It never imports the CLI or an integration.
 
-Modules: _records (record kinds, field names, the recovery types), _writes (every record the
-journal writes, built in one place), _decode (reading one untrusted record), _fingerprint
-(digests and previews), _damage (which cuts a crash explains), _openwork (what the rebuild holds
-open), _callindex (the bounded index of settled call ids), _recovery (the rebuild), _checkpoint
-(the state as checkpoint records, and back), _snapshot (the recovery view), _compact (writing
-checkpoints; compaction), _tools (tools, contexts, results), _options (what a journal was
-opened with), _slots (a turn or LLM call in flight), _core (the locked writer and the
-live-state table, behind the few operations turns, LLM calls, replay, resolution, requests and
-compaction use), _aio (blocking steps from asyncio), _replay (answering a settled call id from
-its record), _dispatch (one dispatch's steps and interrupt rules, sync and async), _turn (turns
-and dispatch), _llm (LLM-call brackets), _resolve (resolutions and policies), _applied (the ids of
-answered resolution requests), _requests (applying resolution requests other processes leave),
-_session_resolve (resolve_session: resolving from outside a live writer), _observe (the observer
-hook: tracing and metrics), _sessions (session ids to directory names), _opening (the log opened
-from its last checkpoint), _journal (ToolJournal).
+Public modules, for the layers above: records (the record schema: kinds, fields in the order
+they are written, encode, decode, byte peeks) and state (JournalState, the one `rebuild` of it
+from records, damage accounting). Private ones: _records (the recovery view's types), _writes
+(every record the journal writes, built from the schema), _fingerprint (digests and previews),
+_damage (which cuts a crash explains), _openwork (what the rebuild holds open), _callindex (the
+bounded index of settled call ids), _checkpoint_parts and _checkpoint (the state as checkpoint
+records, and back), _snapshot (the recovery view), _compact (writing checkpoints; compaction),
+_tools (tools, contexts, results), _options (what a journal was opened with), _slots (a turn or
+LLM call in flight), _core (the locked writer and the live-state table, behind the few
+operations turns, LLM calls, replay, resolution, requests and compaction use), _aio (blocking
+steps from asyncio), _replay (answering a settled call id from its record), _dispatch (one
+dispatch's steps and interrupt rules, sync and async), _turn (turns and dispatch), _llm
+(LLM-call brackets), _resolve (resolutions and policies), _applied (the ids of answered
+resolution requests), _requests (applying resolution requests other processes leave),
+_session_resolve (resolve_session: resolving from outside a live writer), _observe (the
+observer hook: tracing and metrics), _sessions (session ids to directory names), _opening (the
+log opened from its last checkpoint), _journal (ToolJournal).
 """
 
 from __future__ import annotations

@@ -4,10 +4,8 @@ Standard library only (the forensic tool rebuilds it too)."""
 from __future__ import annotations
 
 import hashlib
-import re
 from collections import OrderedDict
-from collections.abc import Mapping
-from typing import Any, Literal, NamedTuple
+from typing import NamedTuple
 
 DEFAULT_REPLAY_WINDOW = 10_000
 # The filter of call ids that fell out of the window: 2**23 bits (1 MiB, allocated at the
@@ -18,14 +16,6 @@ DEFAULT_REPLAY_WINDOW = 10_000
 _FILTER_BITS = 2**23
 _FILTER_MASK = _FILTER_BITS - 1
 _PROBES = 4
-
-# How an intent's bytes name its call: the journal writes these fields in this order, and a
-# JSON string cannot hold `,"` unescaped, so the first match is the fields themselves. A call
-# id with an escape in it (a quote, a backslash, a control character) does not match; the
-# intent is then decoded.
-_AFTER_ID = 60  # the kind, the version and the execution id come first
-_CALL_FIELDS = re.compile(rb',"call_id":"([^"\\]*)"(,"call_id_generated":true)?'
-                          rb',"arguments_sha256":"([0-9a-f]{64})"')
 
 
 class SettledCall(NamedTuple):
@@ -40,29 +30,6 @@ class Forgotten(NamedTuple):
     """The call id may have been settled before the window: it is no longer indexed."""
 
     window: int
-
-
-def call_key(record: Mapping[str, Any]) -> tuple[str, str] | None:
-    """(call id, arguments_sha256) of a decoded intent with a caller-given call id, else None."""
-    call_id, sha = record.get("call_id"), record.get("arguments_sha256")
-    if record.get("call_id_generated") is True or not isinstance(call_id, str) or not call_id:
-        return None
-    return (call_id, sha) if isinstance(sha, str) else None
-
-
-def raw_call_key(data: bytes) -> tuple[str, str] | None | Literal[False]:
-    """As call_key, from an intent's JSON bytes as the journal writes them; False when they
-    are not in that form (the caller then decodes them)."""
-    found = _CALL_FIELDS.search(data, _AFTER_ID)
-    if found is None:
-        return False
-    call_id, generated, sha = found.groups()
-    if generated is not None or not call_id:
-        return None
-    try:
-        return call_id.decode("utf-8"), sha.decode("latin-1")
-    except UnicodeDecodeError:
-        return False
 
 
 class CallIndex:

@@ -1,41 +1,26 @@
-"""Checkpoints: the recovery state written as `checkpoint` records, and read back, so that a
-rebuild starts at the last checkpoint instead of the first record. Standard library only (the
-forensic tool reads them too). The record's fields are in docs/RECOVERY.md, "Checkpoints"."""
+"""Reading checkpoints: a rebuild that starts at the last checkpoint instead of the first
+record takes the state from its parts (written by _checkpoint_parts). Standard library only
+(the forensic tool reads them too). The record's fields are in docs/RECOVERY.md,
+"Checkpoints"."""
 
 from __future__ import annotations
 
 import base64
 import binascii
 import re
-import secrets
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import asdict
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from .. import _codec
-from ..errors import CorruptionError, RecordTooLargeError
-from . import _records as r
-from ._decode import decode_record, show, turn_number
+from ..errors import CorruptionError
 from ._openwork import OpenExecution, OpenTurn
 from ._records import Cut, Resolution
+from .records import decode_record, show, turn_number
 
-# The state is a _recovery.RecoveryState, typed `Any` here: that module imports this one.
-RecoveryState = Any
+# The state is a state.JournalState, typed `Any` here: that module imports this one.
+JournalState = Any
 
-# Resolutions carried beyond those of turns still open: the newest, for the recovery view.
-CARRIED_RESOLUTIONS = 1000
-# Stored outputs carried for replay, newest first; an older settled call is carried without
-# its output, and a re-dispatch of it is refused (never run again).
-CARRIED_OUTPUT_BYTES = 16 * 2**20
-# What a part's own fields take beside its items.
-_ENVELOPE = 512
-_FILTER_CHUNK = 256 * 1024  # compressed filter bytes per item
-_SETTLED_CHUNK = 128 * 1024  # bytes of settled calls per item (a part holds several)
 _ID = re.compile(r"[0-9a-f]{32}")
-_REQUEST_IDS_PER_ITEM = 32  # applied request ids per item (about 1 KB)
-_PART0 = re.compile(rb'\{"kind":"checkpoint","version":[0-9]+,"checkpoint_id":"([0-9a-f]{32})",'
-                    rb'"part":0,')
 
 
 class IncompleteCheckpointError(CorruptionError):
@@ -45,129 +30,6 @@ class IncompleteCheckpointError(CorruptionError):
     def __init__(self, message: str, checkpoint_id: str, seq: int | None) -> None:
         super().__init__(message, seq=seq, kind="incomplete_checkpoint")
         self.checkpoint_id = checkpoint_id
-
-
-def first_part_id(data: bytes) -> str | None:
-    """The checkpoint id when `data` (a record's first bytes) begins a checkpoint."""
-    found = _PART0.match(data)
-    return found.group(1).decode() if found else None
-
-
-# --- writing -------------------------------------------------------------------------------------
-
-def _text(record: Mapping[str, Any] | bytes) -> str:
-    """A record carried inside another as its JSON text: nesting stays what the log allows."""
-    data = record if isinstance(record, bytes) else _codec.encode(dict(record))
-    return data.decode("utf-8")
-
-
-def _items(state: RecoveryState, settling: Mapping[str, tuple[dict[str, Any], int]],
-           budget: int) -> Iterator[dict[str, Any]]:
-    open_turns = set(state.turn_stack)
-    kept = [res for res in state.resolutions if res.turn_sequence in open_turns]
-    newest = state.resolutions[-CARRIED_RESOLUTIONS:]
-    carried = {id(res) for res in kept} | {id(res) for res in newest}
-    filter_bits = state.calls.filter_bytes()
-    yield {"item": "summary", "covers_records": state.records, "covers_seq": state.last_seq,
-           "session_id": state.session_id, "ended_seq": state.ended_seq,
-           "max_turn": state.max_turn, "paired_turn": state.paired_turn,
-           "turn_stack": list(state.turn_stack), "turn_starts": list(state.turn_starts),
-           "blocking_llm_calls": sorted(state.blocking_llm_calls),
-           "replay_window": state.calls.window, "forgotten_calls": filter_bits is not None}
-    for sequence in state.turn_stack:
-        turn = state.turns[sequence]
-        yield {"item": "turn", "turn_sequence": sequence, "seq": turn.seq,
-               "started_at": turn.started_at, "started": turn.started,
-               "unfinished": turn.unfinished, "resolved": turn.resolved}
-    for execution_id, execution in state.executions.items():
-        raw = execution._raw
-        yield {"item": "execution", "execution_id": execution_id, "seq": execution.seq,
-               "turn": execution.turn,
-               "open_turn_seq": execution.open_turn.seq if execution.open_turn else None,
-               "state": execution.state, "error_type": execution.error_type,
-               "reconcile_error": execution.reconcile_error,
-               "started": _text(raw if raw is not None else execution.record)}
-    for call_id, (started, seq) in state.llm_calls.items():
-        yield {"item": "llm_call", "llm_call_id": call_id, "seq": seq, "started": _text(started)}
-    for cut in state.cuts.cuts.values():
-        yield {"item": "cut", **asdict(cut)}
-    for res in state.resolutions:
-        if id(res) in carried:
-            fields = asdict(res)
-            fields["resolution_kind"] = fields.pop("kind")
-            yield {"item": "resolution", **fields}
-    applied = list(state.requests.order)
-    for start in range(0, len(applied), _REQUEST_IDS_PER_ITEM):
-        yield {"item": "applied_requests", "ids": applied[start:start + _REQUEST_IDS_PER_ITEM]}
-    outputs_left = CARRIED_OUTPUT_BYTES
-    settled: list[tuple[str, str, int, str]] = []
-    for call_id, (sha, _) in reversed(state.calls.settled.items()):
-        record, seq = settling[call_id]
-        if "output" in record and record.get("kind") == r.FINISHED:
-            size = len(_codec.encode(record["output"]))
-            if size > outputs_left:
-                record = {k: v for k, v in record.items() if k != "output"}
-                record["output_not_stored"] = r.OUTPUT_DROPPED
-            else:
-                outputs_left -= size
-        settled.append((call_id, sha, seq, _text(record)))
-    yield from _settled_chunks(reversed(settled), budget)
-    if filter_bits is not None:
-        packed = zlib.compress(filter_bits, 6)
-        for offset in range(0, len(packed), _FILTER_CHUNK):
-            yield {"item": "forgotten_calls", "offset": offset,
-                   "zlib_base64": base64.b64encode(packed[offset:offset + _FILTER_CHUNK]).decode()}
-
-
-def _settled_chunks(settled: Iterable[tuple[str, str, int, str]],
-                    budget: int) -> Iterator[dict[str, Any]]:
-    """The replay window, oldest first, as columns (few containers: quick to decode and check),
-    in items of at most _SETTLED_CHUNK bytes, or of what a record has room for."""
-    limit = min(_SETTLED_CHUNK, budget - 160)  # the item's own keys
-    chunk: list[tuple[str, str, int, str]] = []
-    size = 0
-    for entry in settled:
-        length = len(_codec.encode(list(entry)))
-        if chunk and size + length > limit:
-            yield _settled_item(chunk)
-            chunk, size = [], 0
-        chunk.append(entry)
-        size += length
-    if chunk:
-        yield _settled_item(chunk)
-
-
-def _settled_item(chunk: list[tuple[str, str, int, str]]) -> dict[str, Any]:
-    return {"item": "settled_calls", "call_ids": [e[0] for e in chunk],
-            "arguments_sha256": [e[1] for e in chunk], "settled_seqs": [e[2] for e in chunk],
-            "settlings": [e[3] for e in chunk]}
-
-
-def build_parts(state: RecoveryState, settling: Mapping[str, tuple[dict[str, Any], int]],
-                record_limit: int, at: float) -> list[dict[str, Any]]:
-    """The records of a checkpoint of `state`, each within `record_limit` bytes. `settling`:
-    for each call id in the replay index, the record that settled it (a terminal record or a
-    resolution) and its seq. RecordTooLargeError, nothing written, when one item alone would
-    not fit a record."""
-    budget = record_limit - _ENVELOPE
-    groups: list[list[dict[str, Any]]] = [[]]
-    size = 0
-    for item in _items(state, settling, budget):
-        length = len(_codec.encode(item)) + 1
-        if length > budget:
-            raise RecordTooLargeError(
-                f"a checkpoint cannot carry {item['item']} "
-                f"{item.get('execution_id') or item.get('call_id') or ''}: {length} bytes, "
-                f"more than a record of max_record_bytes {record_limit} leaves room for")
-        if size + length > budget and groups[-1]:
-            groups.append([])
-            size = 0
-        groups[-1].append(item)
-        size += length
-    checkpoint_id = secrets.token_hex(16)
-    return [{"kind": r.CHECKPOINT, "version": r.CONTRACT_VERSION,
-             "checkpoint_id": checkpoint_id, "part": part, "parts": len(groups), "at": at,
-             "items": items} for part, items in enumerate(groups)]
 
 
 def settling_record(record: Mapping[str, Any], call_id: str) -> tuple[dict[str, Any], int] | None:
@@ -273,7 +135,7 @@ class CheckpointLoad:
             f"checkpoint {self.checkpoint_id} (from record {self.first_seq}) ends after "
             f"{self.next_part} of its {self.parts} parts", self.checkpoint_id, seq)
 
-    def apply(self, state: RecoveryState, seq: int, part: int, items: list[Any]) -> None:
+    def apply(self, state: JournalState, seq: int, part: int, items: list[Any]) -> None:
         for item in items:
             kind = item.get("item")
             if part == 0 and item is items[0]:
@@ -287,7 +149,7 @@ class CheckpointLoad:
             load(self, state, seq, item)
         self.next_part = part + 1
 
-    def finish(self, state: RecoveryState, seq: int) -> None:
+    def finish(self, state: JournalState, seq: int) -> None:
         if sorted(state.turns) != sorted(state.turn_stack):
             raise _bad(seq, "does not carry each of its open turns once")
         for execution, turn_seq in self.links:
@@ -301,7 +163,7 @@ class CheckpointLoad:
                 raise _bad(seq, f"carries a filter that cannot be read: {exc}") from None
         state.top = state.turns[state.turn_stack[-1]] if state.turn_stack else None
 
-    def _summary(self, state: RecoveryState, seq: int, item: Mapping[str, Any]) -> None:
+    def _summary(self, state: JournalState, seq: int, item: Mapping[str, Any]) -> None:
         state.records = _get(item, "covers_records", seq, _int, "a count") + 1
         state.session_id = _get(item, "session_id", seq, _opt_str, "a string")
         state.ended_seq = _get(item, "ended_seq", seq, _opt_int, "a seq")
@@ -316,7 +178,7 @@ class CheckpointLoad:
         self.wants_filter = _get(item, "forgotten_calls", seq, lambda v: type(v) is bool,
                                  "a boolean")
 
-    def _turn(self, state: RecoveryState, seq: int, item: Mapping[str, Any]) -> None:
+    def _turn(self, state: JournalState, seq: int, item: Mapping[str, Any]) -> None:
         sequence = _get(item, "turn_sequence", seq, lambda v: turn_number(v) is not None,
                         "a turn number")
         if sequence not in state.turn_stack or sequence in state.turns:
@@ -328,7 +190,7 @@ class CheckpointLoad:
         turn.resolved = _get(item, "resolved", seq, lambda v: type(v) is bool, "a boolean")
         state.turns[sequence] = turn
 
-    def _execution(self, state: RecoveryState, seq: int, item: Mapping[str, Any]) -> None:
+    def _execution(self, state: JournalState, seq: int, item: Mapping[str, Any]) -> None:
         execution_id = _get(item, "execution_id", seq, _str, "an id")
         execution = OpenExecution(_decoded(item, "started", seq),
                                   _get(item, "seq", seq, _int, "a seq"),
@@ -341,12 +203,12 @@ class CheckpointLoad:
             self.links.append((execution, linked))
         state.executions[execution_id] = execution
 
-    def _llm_call(self, state: RecoveryState, seq: int, item: Mapping[str, Any]) -> None:
+    def _llm_call(self, state: JournalState, seq: int, item: Mapping[str, Any]) -> None:
         call_id = _get(item, "llm_call_id", seq, _str, "an id")
         state.llm_calls[call_id] = (_decoded(item, "started", seq),
                                     _get(item, "seq", seq, _int, "a seq"))
 
-    def _cut(self, state: RecoveryState, seq: int, item: Mapping[str, Any]) -> None:
+    def _cut(self, state: JournalState, seq: int, item: Mapping[str, Any]) -> None:
         cut = Cut(_get(item, "quarantine_file", seq, _str, "a name"),
                   _get(item, "segment", seq, _str, "a name"),
                   _get(item, "offset", seq, _int, "an offset"),
@@ -361,7 +223,7 @@ class CheckpointLoad:
         if not cut.explained and not cut.resolved:
             state.cuts.damage[cut.quarantine_file] = cut
 
-    def _resolution(self, state: RecoveryState, seq: int, item: Mapping[str, Any]) -> None:
+    def _resolution(self, state: JournalState, seq: int, item: Mapping[str, Any]) -> None:
         state.resolutions.append(Resolution(
             _get(item, "resolution_kind", seq, _str, "a kind"),
             _get(item, "execution_id", seq, _opt_str, "an id"),
@@ -373,7 +235,7 @@ class CheckpointLoad:
             _get(item, "at", seq, _opt_time, "a time"),
             _get(item, "seq", seq, _int, "a seq"), item.get("output")))
 
-    def _settled_calls(self, state: RecoveryState, seq: int, item: Mapping[str, Any]) -> None:
+    def _settled_calls(self, state: JournalState, seq: int, item: Mapping[str, Any]) -> None:
         call_ids = _get(item, "call_ids", seq, _strs, "a list of call ids")
         count = len(call_ids)
         shas = _get(item, "arguments_sha256", seq,
@@ -387,12 +249,12 @@ class CheckpointLoad:
         for call_id, sha in zip(call_ids, shas, strict=True):
             settle(call_id, sha, seq)
 
-    def _applied_requests(self, state: RecoveryState, seq: int,
+    def _applied_requests(self, state: JournalState, seq: int,
                           item: Mapping[str, Any]) -> None:
         for request_id in _get(item, "ids", seq, _strs, "a list of request ids"):
             state.requests.note(request_id)
 
-    def _forgotten(self, state: RecoveryState, seq: int, item: Mapping[str, Any]) -> None:
+    def _forgotten(self, state: JournalState, seq: int, item: Mapping[str, Any]) -> None:
         offset = _get(item, "offset", seq, lambda v: v == len(self.filter), "the next offset")
         del offset
         try:
@@ -402,7 +264,7 @@ class CheckpointLoad:
             raise _bad(seq, f"carries filter bytes that are not base64: {exc}") from None
 
 
-_LOADERS: dict[str, Callable[[CheckpointLoad, RecoveryState, int, Mapping[str, Any]], None]] = {
+_LOADERS: dict[str, Callable[[CheckpointLoad, JournalState, int, Mapping[str, Any]], None]] = {
     "turn": CheckpointLoad._turn, "execution": CheckpointLoad._execution,
     "llm_call": CheckpointLoad._llm_call, "cut": CheckpointLoad._cut,
     "resolution": CheckpointLoad._resolution, "settled_calls": CheckpointLoad._settled_calls,

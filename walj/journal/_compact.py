@@ -12,11 +12,12 @@ from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import CorruptionError, RecordTooLargeError, WaljError
 from ..log import Record, read
-from . import _records as rc
 from . import _writes
-from ._checkpoint import build_parts, settling_record
-from ._decode import time_of
-from ._recovery import MAX_KEEP_TURNS
+from . import records as rc
+from ._checkpoint import settling_record
+from ._checkpoint_parts import build_parts
+from .records import time_of
+from .state import MAX_KEEP_TURNS
 
 if TYPE_CHECKING:
     from ._core import Core
@@ -140,16 +141,26 @@ def end_session(core: Core, at: float | None = None) -> None:
     core.close()
 
 
-def checkpoint_if_due(core: Core) -> None:
+class AutoCheckpoint:
     """Before a turn starts: a checkpoint once `checkpoint_every` records were written since
-    the last one. One whose item cannot fit a record is skipped (the next turn tries again)."""
-    every = core.options.checkpoint_every
-    if every is None or core.state.records - core.state.checkpointed_records < every:
-        return
-    try:
-        checkpoint(core)
-    except RecordTooLargeError:
-        core.checkpoint_skipped()
+    the last one. One whose item cannot fit a record is skipped, and tried again once as many
+    more were written; the skip is this object's, not the journal's state (which only its
+    records change)."""
+
+    def __init__(self, core: Core) -> None:
+        self.core = core
+        self.skipped_at = 0  # the state's record count when a checkpoint was last skipped
+
+    def __call__(self) -> None:
+        core = self.core
+        every, state = core.options.checkpoint_every, core.state
+        if every is None or state.records - max(state.checkpointed_records,
+                                                self.skipped_at) < every:
+            return
+        try:
+            checkpoint(core)
+        except RecordTooLargeError:
+            self.skipped_at = state.records
 
 
 def compact(core: Core, keep_turns: int, archive: str | os.PathLike[str] | None,

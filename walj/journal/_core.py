@@ -18,12 +18,13 @@ from ..errors import (
     TurnError,
 )
 from ..log import Log, read
-from . import _records as rc
 from . import _writes
+from . import records as rc
 from ._observe import ToolObserver
 from ._options import Options
-from ._recovery import Recovery, RecoveryState
+from ._records import Recovery
 from ._slots import LLMSlot, TurnSlot
+from .state import JournalState, rebuild
 
 T = TypeVar("T")
 
@@ -36,7 +37,7 @@ class Core:
     quick readers. `state` is for reading: only `write` changes it (`resync` replaces it).
     """
 
-    def __init__(self, log: Log, state: RecoveryState, options: Options) -> None:
+    def __init__(self, log: Log, state: JournalState, options: Options) -> None:
         self.log = log
         self.log_id = log.log_id
         # The log counts what it found on open as synced, though a writer killed before its
@@ -84,7 +85,7 @@ class Core:
             "block_on_pending_llm_calls": self.options.block_on_pending_llm_calls,
         }
 
-    def view(self, question: Callable[[RecoveryState], T]) -> T:
+    def view(self, question: Callable[[JournalState], T]) -> T:
         """`question` answered from the state, which no write changes meanwhile (keep it short)."""
         with self._lock:
             return question(self.state)
@@ -114,11 +115,6 @@ class Core:
             if self.state.is_blocked(**self._live_view()):
                 blockers = self.state.snapshot(**self._live_view()).blockers
         return blockers
-
-    def checkpoint_skipped(self) -> None:
-        """The next automatic checkpoint is due `checkpoint_every` records from now."""
-        with self._lock:
-            self.state.checkpointed_records = self.state.records
 
     def idle(self) -> bool:
         """With the write lock held: no turn, execution or LLM call is live or beginning."""
@@ -189,9 +185,10 @@ class Core:
             if synced > self.synced_floor:
                 record[rc.SYNCED_THROUGH] = synced
             try:
+                data = rc.encode_record(record)  # the bytes the log writes, and a replay reads
                 seq = self.log.append(record, durable=durable)
                 with self._lock:
-                    self.state.feed(seq, record)
+                    self.state.feed(seq, data)
                     if on_fed is not None:
                         on_fed(seq)
             except (SerializationError, RecordTooLargeError, ClosedError):
@@ -208,10 +205,10 @@ class Core:
         compaction, the replay index points into the checkpoint, not at dropped records."""
         if self.unknown_state is not None:
             return
-        state = RecoveryState(self.state.calls.window)
         try:
-            for record in read(self.log.path, **self.options.read_options):
-                state.feed(record.seq, record.data)
+            state = rebuild(((record.seq, record.data)
+                             for record in read(self.log.path, **self.options.read_options)),
+                            self.state.calls.window)
         except Exception as exc:  # damaged meanwhile: fail closed, refuse work until reopened
             self.unknown_state = exc
             return

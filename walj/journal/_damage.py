@@ -8,9 +8,9 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import CorruptionError
-from . import _records as r
-from ._decode import decode_record, show
-from ._records import Blocker, Cut, Resolution, record_kind
+from . import records as r
+from ._records import Blocker, Cut, Resolution
+from .records import decode_record, record_kind, show
 
 if TYPE_CHECKING:  # the log's types only: rebuilding state needs no file code
     from ..log import CutLine, Quarantined
@@ -128,11 +128,11 @@ def cut_record(entry: Quarantined, lines: list[CutLine], intact: bool, at: float
                before: Before) -> dict[str, Any]:
     """The journal's durable account of one cut: a log_cut record."""
     reason = unexplained(entry, lines, intact, before)
-    return {"kind": r.LOG_CUT, "version": r.CONTRACT_VERSION, "quarantine_file": entry.file,
-            "at": at, "segment": entry.segment, "offset": entry.offset, "length": entry.length,
-            "cut_kind": entry.kind, "records": len(lines),
-            "seqs": [lines[0].seq, lines[-1].seq] if lines else None,
-            "explained": reason is None, "reason": reason}
+    return r.new_record(r.LOG_CUT, quarantine_file=entry.file, at=at, segment=entry.segment,
+                        offset=entry.offset, length=entry.length, cut_kind=entry.kind,
+                        records=len(lines),
+                        seqs=[lines[0].seq, lines[-1].seq] if lines else None,
+                        explained=reason is None, reason=reason)
 
 
 def unrecorded(entries: Iterable[Quarantined], ledger: CutLedger,

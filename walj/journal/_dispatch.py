@@ -123,11 +123,7 @@ class Dispatch:
     def blocked(self, blockers: tuple[Any, ...]) -> ToolResult:
         """No handler ran: tell the caller (and the observers) what blocks (the blocked record
         is written)."""
-        listed = [
-            {"execution_id": b.execution_id, "tool": b.tool, "call_id": b.call_id,
-             "state": b.state, "turn_sequence": b.turn_sequence}
-            for b in blockers
-        ]
+        listed = [b.summary() for b in blockers]
         message = blocked_text(self.name)
         output = {"status": BLOCKED_STATUS, "message": message, "ambiguous_executions": listed}
         return self.answered(ToolResult(self.name, self.call_id, self.arguments, output, message,

@@ -99,11 +99,6 @@ def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def fingerprint(value: Any) -> str:
-    """SHA-256 (hex) over the UTF-8 bytes of canonical_json(value)."""
-    return _canonical(value, None, "value")[1]
-
-
 _CONTAINERS = (dict, list, tuple)
 
 

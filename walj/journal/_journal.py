@@ -4,7 +4,6 @@ state and writes live in its Core."""
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -34,7 +33,7 @@ from ._options import (
     Options,
     output_limit,
 )
-from ._recovery import Recovery, Resolution
+from ._records import Recovery, Resolution
 from ._sessions import check_session_id, directory_name
 from ._tools import Tool, call_results, lookup, normalise_calls, tools_from
 from ._turn import Turn
@@ -119,7 +118,7 @@ class ToolJournal:
                                     else bool(release_on_request)),
             ))
             core.observers = watching
-            core.before_turn = functools.partial(_compact.checkpoint_if_due, core)
+            core.before_turn = _compact.AutoCheckpoint(core)
             if log_options.get("recovery") != "salvage":
                 _resolve.record_cuts(core)
                 _resolve.resolve_automatically(core)

@@ -8,12 +8,13 @@ from typing import Any
 
 from ..errors import WaljError
 from ..log import Log
-from ._checkpoint import IncompleteCheckpointError, first_part_id
-from ._recovery import RecoveryState
+from ._checkpoint import IncompleteCheckpointError
+from .records import first_part_id
+from .state import JournalState
 
 
 def open_log(path: str | os.PathLike[str], replay_window: int,
-              log_options: dict[str, Any]) -> tuple[Log, RecoveryState]:
+              log_options: dict[str, Any]) -> tuple[Log, JournalState]:
     """Open the log, rebuilding the state from its last complete checkpoint (or its first
     record). A checkpoint a crash cut short is passed over for the one before it."""
     passed_over: set[str] = set()
@@ -27,10 +28,10 @@ def open_log(path: str | os.PathLike[str], replay_window: int,
         return True
 
     while True:
-        state = RecoveryState(replay_window)
+        state = JournalState(replay_window)
         chosen.clear()
         try:
-            log = Log.open(path, _replay=state.feed_json, _replay_start=starts_here,
+            log = Log.open(path, _replay=state.feed, _replay_start=starts_here,
                            **log_options)
         except IncompleteCheckpointError as exc:
             if exc.checkpoint_id in passed_over:
@@ -50,7 +51,7 @@ def open_log(path: str | os.PathLike[str], replay_window: int,
             _close_quietly(log)
 
 
-def _passed_over(log: Log, state: RecoveryState, chosen: list[str],
+def _passed_over(log: Log, state: JournalState, chosen: list[str],
                  passed_over: set[str]) -> str | None:
     """The checkpoint the open began at, when the state could not be taken from it (a crash
     cut it short): the next try passes it over. None when the state is whole."""

@@ -6,9 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import CorruptionError
-from . import _records as r
-from ._decode import decode_record
+from . import records as r
 
 
 class OpenExecution:
@@ -33,15 +31,7 @@ class OpenExecution:
     def record(self) -> Mapping[str, Any]:
         if self._record is None:
             assert self._raw is not None
-            try:
-                record = decode_record(self._raw)
-            except ValueError as exc:
-                raise CorruptionError(f"journal record {self.seq} is not JSON: {exc}",
-                                      seq=self.seq, kind="journal_record") from None
-            if not isinstance(record, dict):
-                raise CorruptionError(f"journal record {self.seq} is not a JSON object",
-                                      seq=self.seq, kind="journal_record")
-            self._record, self._raw = record, None
+            self._record, self._raw = r.decode_object(self.seq, self._raw), None
         return self._record
 
 
@@ -50,7 +40,7 @@ class OpenTurn:
 
     def __init__(self, sequence: int, seq: int, started_at: float | None) -> None:
         self.sequence = sequence
-        self.tag = b',"turn_sequence":%d,' % sequence  # how its executions' started records name it
+        self.tag = r.turn_tag(sequence)  # how its executions' started records name it
         self.seq = seq
         self.started_at = started_at
         self.started = 0  # executions started in it

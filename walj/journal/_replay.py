@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import CorruptionError
-from . import _records as rc
 from . import _writes
+from . import records as rc
 from ._callindex import Forgotten
 from ._compact import settling_records
 from ._core import Core

@@ -8,8 +8,8 @@ from typing import Any
 
 from ..errors import ResolutionError
 from ..log import read
-from . import _records as rc
 from . import _writes
+from . import records as rc
 from ._core import Core
 from ._damage import REVIEWED, unrecorded
 from ._observe import resolved as observed

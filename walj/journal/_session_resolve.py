@@ -18,13 +18,13 @@ from typing import Any
 
 from ..errors import DroppedWhileReadingError, LockedError, ResolutionError, WaljError
 from ..log import holds_log, post_request, read
-from . import _records as rc
+from . import records as rc
 from ._damage import REVIEWED
 from ._records import Recovery, Resolution
-from ._recovery import RecoveryState
 from ._requests import RELEASE, RESOLVE, RESOLVE_TURN, request_fields
 from ._resolve import RESOLVE_OUTCOMES, check_actor, check_note
 from ._writes import now
+from .state import rebuild
 
 APPLIED, REFUSED, QUEUED = "applied", "refused", "queued"
 DEFAULT_WAIT = 10.0
@@ -261,10 +261,8 @@ def _outcome_of(path: str | os.PathLike[str], request_id: str, seq: int,
 def _rebuilt(path: str | os.PathLike[str]) -> tuple[Recovery | None, Iterable[Resolution]]:
     """The session's recovery view and resolutions from a lock-free replay; (None, ()) when it
     cannot be rebuilt now (a compaction under the read)."""
-    state = RecoveryState()
     try:
-        for seq, data in _records(path, 0):
-            state.feed(seq, data)
+        state = rebuild(_records(path, 0))
         return state.snapshot(), state.resolutions
     except (WaljError, OSError):
         return None, ()

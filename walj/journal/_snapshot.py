@@ -8,12 +8,12 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from ..errors import CorruptionError
-from . import _records as r
+from . import records as r
 from ._checkpoint import CheckpointLoad
 from ._damage import CutLedger
-from ._decode import time_of, turn_number
 from ._openwork import OpenExecution, OpenTurn
 from ._records import Blocker, IncompleteTurn, PendingLLMCall, Recovery, Resolution
+from .records import time_of, turn_number
 
 
 def _time(record: Mapping[str, Any]) -> float | None:
@@ -25,8 +25,8 @@ def _opt_str(record: Mapping[str, Any], key: str) -> str | None:
     return value if isinstance(value, str) else None
 
 
-class RecoveryView:
-    """The reading half of RecoveryState (which sets every attribute named here)."""
+class StateView:
+    """The reading half of JournalState (which sets every attribute named here)."""
 
     executions: dict[str, OpenExecution]
     turns: dict[int, OpenTurn]

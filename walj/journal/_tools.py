@@ -13,7 +13,7 @@ from .._codec import NestingError
 from ..errors import SerializationError, ToolBlocked, ToolCancelled
 from ._fingerprint import ERROR_CHARS as ERROR_CHARS
 from ._fingerprint import Digest, describe_error
-from ._recovery import Blocker
+from ._records import Blocker
 
 ON_AMBIGUOUS = ("fail", "assume_done", "rerun")
 

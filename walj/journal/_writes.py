@@ -1,5 +1,5 @@
-"""The records the journal writes, each built in one place: every field name a writer uses is
-spelled here and in _records, and nowhere else."""
+"""The records the journal writes, each built in one place, in the field order that
+walj.journal.records declares."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import time
 from typing import Any
 
 from .. import _codec
-from . import _records as rc
+from . import records as rc
 from ._fingerprint import Digest, describe_error
+from .records import new_record
 
 
 def now() -> float:
@@ -18,43 +19,37 @@ def now() -> float:
 
 def session_ended_record(at: float | None = None) -> dict[str, Any]:
     """session_ended; `at` given: an end written as upkeep, carrying the last activity's time."""
-    return {"kind": rc.SESSION_ENDED, "version": rc.CONTRACT_VERSION,
-            "at": now() if at is None else at}
+    return new_record(rc.SESSION_ENDED, at=now() if at is None else at)
 
 
 def turn_record(kind: str, sequence: int) -> dict[str, Any]:
     """turn_started or turn_completed."""
-    return {"kind": kind, "version": rc.CONTRACT_VERSION, "turn_sequence": sequence, "at": now()}
+    return new_record(kind, turn_sequence=sequence, at=now())
 
 
 def turn_resolved(sequence: int, actor: str, note: str | None) -> dict[str, Any]:
-    return {"kind": rc.TURN_RESOLVED, "version": rc.CONTRACT_VERSION, "turn_sequence": sequence,
-            "at": now(), "actor": actor, "note": note}
+    return new_record(rc.TURN_RESOLVED, turn_sequence=sequence, at=now(), actor=actor, note=note)
 
 
 def intent(execution_id: str, turn_sequence: int, tool: str, call_id: str, digest: Digest,
            idempotency_key: str, arguments: Any = None, *,
            call_id_generated: bool = False, writer: str | None = None) -> dict[str, Any]:
     """tool_execution_started; `arguments` only when the journal stores them.
-    `call_id_generated`: walj made up the call id (turn-N-call-M), so replay never keys on it;
-    written right after call_id, where the rebuild's fast path looks for it. `writer`: the
-    log's writer id (`Log.writer_id`), so a reader can tell whether the process that runs the
-    call still holds the log."""
-    record: dict[str, Any] = {
-        "kind": rc.STARTED, "version": rc.CONTRACT_VERSION, "execution_id": execution_id,
-        "at": now(), "turn_sequence": turn_sequence, "tool": tool, "call_id": call_id,
-    }
+    `call_id_generated`: walj made up the call id (turn-N-call-M), so replay never keys on it.
+    `writer`: the log's writer id (`Log.writer_id`), so a reader can tell whether the process
+    that runs the call still holds the log."""
+    optional: dict[str, Any] = {}
     if call_id_generated:
-        record["call_id_generated"] = True
-    record.update({
-        "arguments_sha256": digest.sha256, "idempotency_key": idempotency_key,
-        "arguments_preview": digest.preview, "arguments_length": digest.length,
-    })
+        optional["call_id_generated"] = True
     if writer is not None:
-        record["writer"] = writer
+        optional["writer"] = writer
     if arguments is not None:
-        record["arguments"] = arguments
-    return record
+        optional["arguments"] = arguments
+    return new_record(rc.STARTED, execution_id=execution_id, at=now(),
+                      turn_sequence=turn_sequence, tool=tool, call_id=call_id,
+                      arguments_sha256=digest.sha256, idempotency_key=idempotency_key,
+                      arguments_preview=digest.preview, arguments_length=digest.length,
+                      **optional)
 
 
 def finished(execution_id: str, outcome: str, output: Digest | None,
@@ -62,27 +57,24 @@ def finished(execution_id: str, outcome: str, output: Digest | None,
     """tool_execution_finished: the output's digest, or the error that ended the call. The
     journal adds the output value itself (`output`, or `output_not_stored` and why) when it
     stores outputs."""
-    record: dict[str, Any] = {"kind": rc.FINISHED, "version": rc.CONTRACT_VERSION,
-                              "execution_id": execution_id, "at": now(), "outcome": outcome}
     if exc is not None:
-        record["error"] = describe_error(exc)
-        record["error_type"] = type(exc).__name__
-    elif output is not None:
-        record["output_sha256"] = output.sha256
-        record["output_preview"] = output.preview
-        record["output_length"] = output.length
-    return record
+        return new_record(rc.FINISHED, execution_id=execution_id, at=now(), outcome=outcome,
+                          error=describe_error(exc), error_type=type(exc).__name__)
+    if output is not None:
+        return new_record(rc.FINISHED, execution_id=execution_id, at=now(), outcome=outcome,
+                          output_sha256=output.sha256, output_preview=output.preview,
+                          output_length=output.length)
+    return new_record(rc.FINISHED, execution_id=execution_id, at=now(), outcome=outcome)
 
 
 def replayed(answered: dict[str, Any], answered_from_seq: int, turn_sequence: int, tool: str,
              call_id: str, arguments_sha256: str, outcome: str) -> dict[str, Any]:
     """tool_execution_replayed: a dispatch answered from a settled call's record; no handler
     ran. `execution_id` is the execution it answered from; `answered_from_seq` the record."""
-    return {"kind": rc.REPLAYED, "version": rc.CONTRACT_VERSION,
-            "execution_id": answered["execution_id"], "at": now(),
-            "turn_sequence": turn_sequence, "tool": tool, "call_id": call_id,
-            "arguments_sha256": arguments_sha256, "outcome": outcome,
-            "answered_from_seq": answered_from_seq}
+    return new_record(rc.REPLAYED, execution_id=answered["execution_id"], at=now(),
+                      turn_sequence=turn_sequence, tool=tool, call_id=call_id,
+                      arguments_sha256=arguments_sha256, outcome=outcome,
+                      answered_from_seq=answered_from_seq)
 
 
 def refused(execution_id: str, turn_sequence: int, tool: str, call_id: str,
@@ -90,16 +82,15 @@ def refused(execution_id: str, turn_sequence: int, tool: str, call_id: str,
             settled_execution_id: str | None) -> dict[str, Any]:
     """tool_execution_refused: a dispatch of a settled call id that replay cannot answer;
     no handler ran. `execution_id` is the refused dispatch's own (never started) id."""
-    return {"kind": rc.REFUSED, "version": rc.CONTRACT_VERSION, "execution_id": execution_id,
-            "at": now(), "turn_sequence": turn_sequence, "tool": tool, "call_id": call_id,
-            "arguments_sha256": arguments_sha256, "refused_reason": reason, "error": error,
-            "settled_execution_id": settled_execution_id}
+    return new_record(rc.REFUSED, execution_id=execution_id, at=now(),
+                      turn_sequence=turn_sequence, tool=tool, call_id=call_id,
+                      arguments_sha256=arguments_sha256, refused_reason=reason, error=error,
+                      settled_execution_id=settled_execution_id)
 
 
 def session_named(session_id: str) -> dict[str, Any]:
     """session_named: the session id a journal was opened under, as given."""
-    return {"kind": rc.SESSION_NAMED, "version": rc.CONTRACT_VERSION, "at": now(),
-            "session_id": session_id}
+    return new_record(rc.SESSION_NAMED, at=now(), session_id=session_id)
 
 
 def store_output(record: dict[str, Any], output: Any, limit: int) -> None:
@@ -128,75 +119,66 @@ def without_output(record: dict[str, Any]) -> dict[str, Any]:
 
 def ambiguous_record(execution_id: str, exc: BaseException) -> dict[str, Any]:
     """The tool_execution_ambiguous record of an interrupt."""
-    return {"kind": rc.AMBIGUOUS, "version": rc.CONTRACT_VERSION, "execution_id": execution_id,
-            "at": now(), "error_type": type(exc).__name__, "error": describe_error(exc)}
+    return new_record(rc.AMBIGUOUS, execution_id=execution_id, at=now(),
+                      error_type=type(exc).__name__, error=describe_error(exc))
 
 
 def blocked_record(started: dict[str, Any], blockers: tuple[Any, ...]) -> dict[str, Any]:
     """The tool_execution_blocked record of a refused call: the intent's fields, no key."""
-    record = dict(started)
-    record["kind"] = rc.BLOCKED
-    record.pop("idempotency_key", None)
-    record.pop("arguments", None)
-    record.pop("writer", None)
-    record["blocked_by"] = [b.execution_id for b in blockers if b.execution_id is not None]
-    record["blocked_by_turns"] = [b.turn_sequence for b in blockers if b.execution_id is None]
-    return record
+    fields = {k: v for k, v in started.items() if k in rc.FIELDS[rc.BLOCKED]}
+    return new_record(rc.BLOCKED, **fields,
+                      blocked_by=[b.execution_id for b in blockers if b.execution_id is not None],
+                      blocked_by_turns=[b.turn_sequence for b in blockers
+                                        if b.execution_id is None])
 
 
 def reconcile_failed(execution_id: str, tool: str | None, exc: BaseException) -> dict[str, Any]:
-    return {"kind": rc.RECONCILE_FAILED, "version": rc.CONTRACT_VERSION,
-            "execution_id": execution_id, "at": now(), "tool": tool, "error": describe_error(exc)}
+    return new_record(rc.RECONCILE_FAILED, execution_id=execution_id, at=now(), tool=tool,
+                      error=describe_error(exc))
 
 
 def llm_started(llm_call_id: str, turn_sequence: int | None, model: str | None,
                 request: Digest | None, blocks: bool) -> dict[str, Any]:
-    record: dict[str, Any] = {"kind": rc.LLM_STARTED, "version": rc.CONTRACT_VERSION,
-                              "llm_call_id": llm_call_id, "at": now(),
-                              "turn_sequence": turn_sequence, "model": model}
+    optional: dict[str, Any] = {}
     if request is not None:
-        record.update(request_sha256=request.sha256, request_preview=request.preview,
-                      request_length=request.length)
+        optional.update(request_sha256=request.sha256, request_preview=request.preview,
+                        request_length=request.length)
     if blocks:
-        record["blocks_dispatch"] = True  # so a reader without the option knows it blocks
-    return record
+        optional["blocks_dispatch"] = True  # so a reader without the option knows it blocks
+    return new_record(rc.LLM_STARTED, llm_call_id=llm_call_id, at=now(),
+                      turn_sequence=turn_sequence, model=model, **optional)
 
 
 def llm_finished(llm_call_id: str, response: Digest | None,
                  exc: BaseException | None) -> dict[str, Any]:
-    record: dict[str, Any] = {"kind": rc.LLM_FINISHED, "version": rc.CONTRACT_VERSION,
-                              "llm_call_id": llm_call_id, "at": now(),
-                              "outcome": "ok" if exc is None else "error"}
+    optional: dict[str, Any] = {}
     if exc is not None:
-        record["error"] = describe_error(exc)
+        optional["error"] = describe_error(exc)
     elif response is not None:
-        record.update(response_sha256=response.sha256, response_preview=response.preview,
-                      response_length=response.length)
-    return record
+        optional.update(response_sha256=response.sha256, response_preview=response.preview,
+                        response_length=response.length)
+    return new_record(rc.LLM_FINISHED, llm_call_id=llm_call_id, at=now(),
+                      outcome="ok" if exc is None else "error", **optional)
 
 
 def resolved(kind: str, identifier: str, outcome: str, actor: str, note: str | None,
              output: Any = None) -> dict[str, Any]:
     """tool_execution_resolved, llm_call_resolved or log_cut_resolved (`identifier`: the
     execution id, the LLM call id, or the quarantine file)."""
-    record: dict[str, Any] = {"kind": kind, "version": rc.CONTRACT_VERSION,
-                              rc.SUBJECT[kind]: identifier, "at": now(), "outcome": outcome,
-                              "actor": actor, "note": note}
-    if output is not None:
-        record["output"] = output
-    return record
+    optional = {"output": output} if output is not None else {}
+    return new_record(kind, **{rc.SUBJECT[kind]: identifier}, at=now(), outcome=outcome,
+                      actor=actor, note=note, **optional)
 
 
 def request_refused(request_id: str, request_kind: Any, target: Any, actor: Any, reason: str,
                     error: str) -> dict[str, Any]:
     """resolution_refused: a resolution request the writer refused; nothing else changed.
     `request_kind`, `target` and `actor` are what the request said, when it could be read."""
-    return {"kind": rc.REQUEST_REFUSED, "version": rc.CONTRACT_VERSION, "request": request_id,
-            "at": now(), "request_kind": request_kind, "target": target, "actor": actor,
-            "reason": reason, "error": error}
+    return new_record(rc.REQUEST_REFUSED, request=request_id, at=now(),
+                      request_kind=request_kind, target=target, actor=actor, reason=reason,
+                      error=error)
 
 
 def released(request_id: str, actor: str, note: str | None) -> dict[str, Any]:
     """journal_released: the writer closed the journal at another process's request."""
-    return {"kind": rc.RELEASED, "version": rc.CONTRACT_VERSION, "request": request_id,
-            "at": now(), "actor": actor, "note": note}
+    return new_record(rc.RELEASED, request=request_id, at=now(), actor=actor, note=note)

@@ -1,67 +1,34 @@
-"""Recovery state rebuilt in one pass over the journal's records: blockers, incomplete turns,
-pending LLM calls and resolutions. Standard library only: the forensic tool runs this too."""
+"""The journal's state, rebuilt in one pass over its records: open executions, incomplete
+turns, pending LLM calls, cuts, resolutions and the replay index. One entry point, `feed`,
+takes each record as the log holds it; the live journal feeds the bytes it appends, and
+`rebuild` feeds a log's records. Standard library only: the forensic tool runs this too."""
 
 from __future__ import annotations
 
-import math
-import re
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ..errors import CorruptionError, UnsupportedVersionError
-from . import _records as r
+from . import records as r
 from ._applied import AppliedRequests
-from ._callindex import DEFAULT_REPLAY_WINDOW, CallIndex, call_key, raw_call_key
-from ._checkpoint import CheckpointLoad, first_part_id, header
-from ._damage import CutLedger
-from ._decode import decode_record as decode_record
-from ._decode import show, time_of, turn_number
+from ._callindex import DEFAULT_REPLAY_WINDOW, CallIndex
+from ._checkpoint import CheckpointLoad, header
+from ._damage import CutLedger, unrecorded
 from ._openwork import OpenExecution, OpenTurn
-from ._records import Blocker as Blocker
-from ._records import IncompleteTurn as IncompleteTurn
-from ._records import PendingLLMCall as PendingLLMCall
-from ._records import Recovery as Recovery
-from ._records import Resolution as Resolution
-from ._snapshot import RecoveryView, _opt_str, _time
+from ._records import Resolution
+from ._snapshot import StateView, _opt_str, _time
+from .records import FINISHED_PREFIX, STARTED_PREFIX, peek_finished, peek_started
 
+__all__ = ["MAX_KEEP_TURNS", "CutLedger", "JournalState", "rebuild", "unrecorded"]
 
-# Byte prefixes of the commonest records, read without a full decode; the journal writes
-# kind, version and the subject's id first so these match. Anything else takes the general
-# path, which decodes the record and checks every field it uses.
-def _prefixes(kind: str, then: bytes) -> tuple[bytes, ...]:
-    """A kind's byte prefix in every supported version (one digit each: the same length)."""
-    return tuple(b'{"kind":"%s","version":%d,%s' % (kind.encode(), version, then)
-                 for version in sorted(r.SUPPORTED_VERSIONS))
-
-
-_FINISHED_PREFIX = _prefixes(r.FINISHED, b'"execution_id":"')
-_STARTED_PREFIX = _prefixes(r.STARTED, b'"execution_id":"')
-_TURN_COMPLETED_PREFIX = _prefixes(r.TURN_COMPLETED, b"")
-_TURN_STARTED_PREFIX = _prefixes(r.TURN_STARTED, b'"turn_sequence":')
-_TIME_FIELD = b',"at":'
-_ID_LEN = 32
-_FIN_ID = len(_FINISHED_PREFIX[0])
-_FIN_ID_END = _FIN_ID + _ID_LEN
-_FIN_BLOCKED = b',"outcome":"blocked"'
-_FIN_OUTCOME_WINDOW = 64  # the id's closing quote, its time, then the outcome
-_START_ID = len(_STARTED_PREFIX[0])
-_START_ID_END = _START_ID + _ID_LEN
-# Where an intent names its turn: after its id, its time (at most 30 bytes of a JSON number
-# walj writes) and the field name, so well inside this window.
-_START_TURN_WINDOW = 96
-_TURN_NO = len(_TURN_STARTED_PREFIX[0])
-_QUOTE = ord('"')
-_CHECKPOINT_PREFIX = b'{"kind":"%s",' % r.CHECKPOINT.encode()
 # How many turn starts the state remembers, for compaction's keep_turns.
 MAX_KEEP_TURNS = 1000
-_SYNCED_FIELD = b',"%s":' % r.SYNCED_THROUGH.encode()  # after the time: see _core.write
-_JSON_INT = re.compile(rb"0|[1-9][0-9]*")
-_JSON_NUMBER = re.compile(rb"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+_BYTES = (bytes, bytearray, memoryview)
 
 
-class RecoveryState(RecoveryView):
-    """Feed every record in log order (`feed` or `feed_json`), then take a `snapshot`.
+class JournalState(StateView):
+    """Feed every record in log order, then take a `snapshot`.
 
     Memory is bounded by what is open: executions without a terminal record, turns without a
     completion, pending LLM calls, and resolutions. Finished work is forgotten as it closes,
@@ -111,77 +78,67 @@ class RecoveryState(RecoveryView):
 
     # --- feeding --------------------------------------------------------------------------------
 
-    def feed_json(self, seq: int, data: bytes) -> None:
-        """Feed one record as its JSON bytes (the log's replay callback)."""
-        if self._gate and self._gated(seq, r.record_kind(data),
-                                      first_part_id(data) is not None):
-            return
-        if data.startswith(_FINISHED_PREFIX):
-            if len(data) > _FIN_ID_END and data[_FIN_ID_END] == _QUOTE:
-                self.records += 1
-                self.last_seq = seq
-                execution = self.executions.pop(data[_FIN_ID:_FIN_ID_END].decode("latin-1"), None)
-                if execution is not None:
-                    if execution.open_turn is not None:
-                        execution.open_turn.unfinished -= 1
-                    raw = execution._raw  # _index, inlined: this is the rebuild's hot path
-                    key = raw_call_key(raw) if raw is not None else False
-                    if key is False:
-                        key = call_key(execution.record)
-                    if key is not None:
-                        if data.find(_FIN_BLOCKED, _FIN_ID_END,
-                                     _FIN_ID_END + _FIN_OUTCOME_WINDOW) < 0:
-                            self.calls.settle(key[0], key[1], seq)
-                        else:  # a guard's ToolBlocked: the call never ran
-                            self.calls.unsettle(key[0])
+    def feed(self, seq: int, data: Any) -> None:
+        """Feed one record: its JSON bytes as the log holds them (what the live journal appends
+        and a replay reads), or the record decoded (walj.read's form). Refuses an unknown
+        contract version or kind (fail closed)."""
+        if type(data) is not bytes:
+            if not isinstance(data, _BYTES):
+                self._feed_decoded(seq, data)
                 return
-        elif data.startswith(_STARTED_PREFIX):
-            # The journal dispatches only in its one live turn, the latest started: check for
-            # that turn's tag rather than parsing the number. Anything else is decoded below.
-            top = self.top
-            if (top is not None and len(data) > _START_ID_END and data[_START_ID_END] == _QUOTE
-                    and data.find(top.tag, _START_ID_END, _START_ID_END + _START_TURN_WINDOW) > 0):
+            data = bytes(data)
+        if self._gate and self._gated(seq, r.record_kind(data),
+                                      r.first_part_id(data) is not None):
+            return
+        # The commonest records are read from their bytes without a decode (the rebuild's hot
+        # path). Anything else, or bytes not in the written form, takes the general path, which
+        # decodes the record and checks every field it uses.
+        if data.startswith(FINISHED_PREFIX):
+            finished = peek_finished(data)
+            if finished is not None:
                 self.records += 1
                 self.last_seq = seq
-                self.executions[data[_START_ID:_START_ID_END].decode("latin-1")] = (
-                    OpenExecution(data, seq, top.sequence, top))
+                execution = self.executions.pop(finished[0], None)
+                if execution is not None:
+                    self._close(execution, seq, not finished[1])
+                return
+        elif data.startswith(STARTED_PREFIX):
+            # The journal dispatches only in its one live turn, the latest started: look for
+            # that turn's tag rather than parse the number.
+            top = self.top
+            if top is not None and (execution_id := peek_started(data, top.tag)) is not None:
+                self.records += 1
+                self.last_seq = seq
+                self.executions[execution_id] = OpenExecution(data, seq, top.sequence, top)
                 top.started += 1
                 top.unfinished += 1
                 return
-        elif data.startswith(_TURN_COMPLETED_PREFIX):
-            self.records += 1
-            self.last_seq = seq
-            self._pop_turn()
+        elif self._peeked_turn(seq, data):
             return
-        elif data.startswith(_TURN_STARTED_PREFIX) and data.endswith(b"}"):
-            comma = data.find(_TIME_FIELD, _TURN_NO, _TURN_NO + 24)
-            digits = data[_TURN_NO:comma]
-            if comma > _TURN_NO and digits.isdigit():
-                number, marked, synced = data[comma + len(_TIME_FIELD) : -1].partition(
-                    _SYNCED_FIELD)
-                # Only a plain finite JSON number: float() also takes NaN, inf and 1_0, which the
-                # general path refuses.
-                if (_JSON_NUMBER.fullmatch(number) and (not marked or _JSON_INT.fullmatch(synced))
-                        and math.isfinite(started_at := float(number))):
-                    self.records += 1
-                    self.last_seq = seq
-                    self._open_turn(seq, int(digits), time_of(started_at))
-                    return
-        try:
-            record = decode_record(data)
-        except ValueError as exc:
-            raise CorruptionError(f"journal record {seq} is not JSON: {exc}", seq=seq,
-                                  kind="journal_record") from exc
-        self._feed(seq, record)
+        self._feed(seq, r.decode_object(seq, data))
 
-    def feed(self, seq: int, record: Any) -> None:
-        """Feed one decoded record. Refuses an unknown contract version or kind (fail closed)."""
+    def _feed_decoded(self, seq: int, record: Any) -> None:
         if self._gate and isinstance(record, dict):
             kind = record.get("kind")
             if self._gated(seq, kind if isinstance(kind, str) else None,
                            kind == r.CHECKPOINT and record.get("part") == 0):
                 return
         self._feed(seq, record)
+
+    def _peeked_turn(self, seq: int, data: bytes) -> bool:
+        """turn_completed, or turn_started in its written form, taken from its bytes."""
+        if data.startswith(r.TURN_COMPLETED_PREFIX):
+            self.records += 1
+            self.last_seq = seq
+            self._pop_turn()
+            return True
+        started = r.peek_turn_started(data) if data.startswith(r.TURN_STARTED_PREFIX) else None
+        if started is None:
+            return False
+        self.records += 1
+        self.last_seq = seq
+        self._open_turn(seq, started[0], r.time_of(started[1]))
+        return True
 
     def _gated(self, seq: int, kind: str | None, starts_checkpoint: bool) -> bool:
         """Before the first record, and while a checkpoint loads or is awaited: True when the
@@ -220,12 +177,12 @@ class RecoveryState(RecoveryView):
         kind = record.get("kind")
         if type(version) is not int or version not in r.SUPPORTED_VERSIONS:
             raise UnsupportedVersionError(
-                f"journal record {seq} has contract version {show(version)}; this walj knows "
+                f"journal record {seq} has contract version {r.show(version)}; this walj knows "
                 f"{', '.join(str(v) for v in sorted(r.SUPPORTED_VERSIONS))} and refuses to guess",
                 seq=seq, kind="unsupported_contract_version")
         handler = self._handlers.get(kind) if isinstance(kind, str) else None
         if handler is None:
-            raise CorruptionError(f"journal record {seq} has unknown kind {show(kind)}",
+            raise CorruptionError(f"journal record {seq} has unknown kind {r.show(kind)}",
                                   seq=seq, kind="journal_record")
         self.records += 1
         self.last_seq = seq
@@ -247,7 +204,7 @@ class RecoveryState(RecoveryView):
         value = record.get(key, default)
         if not isinstance(value, str):
             raise CorruptionError(
-                f"journal record {seq} ({record.get('kind')}) has {key} {show(value)}, not a "
+                f"journal record {seq} ({record.get('kind')}) has {key} {r.show(value)}, not a "
                 "string", seq=seq, kind="journal_record")
         return value
 
@@ -283,8 +240,8 @@ class RecoveryState(RecoveryView):
         self._open_turn(seq, record.get("turn_sequence"), _time(record))
 
     def _open_turn(self, seq: int, sequence: Any, started_at: float | None) -> None:
-        if turn_number(sequence) is None or sequence in self.turns:
-            raise CorruptionError(f"journal record {seq} starts turn {show(sequence)}, which "
+        if r.turn_number(sequence) is None or sequence in self.turns:
+            raise CorruptionError(f"journal record {seq} starts turn {r.show(sequence)}, which "
                                   "is not a new turn number", seq=seq, kind="journal_record")
         self.top = self.turns[sequence] = OpenTurn(sequence, seq, started_at)
         self.turn_stack.append(sequence)
@@ -317,7 +274,7 @@ class RecoveryState(RecoveryView):
     def _started(self, seq: int, record: Mapping[str, Any]) -> None:
         self._open_execution(
             self._id(seq, record),
-            OpenExecution(record, seq, turn_number(record.get("turn_sequence"))))
+            OpenExecution(record, seq, r.turn_number(record.get("turn_sequence"))))
 
     def _open_execution(self, execution_id: str, execution: OpenExecution) -> None:
         self.executions[execution_id] = execution
@@ -329,23 +286,24 @@ class RecoveryState(RecoveryView):
 
     def _finished(self, seq: int, record: Mapping[str, Any]) -> None:
         execution = self.executions.pop(self._id(seq, record), None)
-        if execution is None:
-            return  # never a second terminal record: a finish after a resolution changes nothing
-        if execution.open_turn is not None:
-            execution.open_turn.unfinished -= 1
-        # A guard's ToolBlocked ends a call that never ran: not a settled call.
-        self._index(execution, seq, record.get("outcome") != "blocked")
+        if execution is not None:  # else a finish after a resolution: it changes nothing
+            # A guard's ToolBlocked ends a call that never ran: not a settled call.
+            self._close(execution, seq, record.get("outcome") != "blocked")
 
-    def _index(self, execution: OpenExecution, seq: int, settled: bool) -> None:
-        """Index (or, when it did not take effect, un-index) a caller-given call id."""
-        key = raw_call_key(execution._raw) if execution._raw is not None else False
+    def _close(self, execution: OpenExecution, seq: int, settled: bool,
+               finished: bool = True) -> None:
+        """A terminal record (`finished`) or a resolution closed `execution`, taken out of
+        `executions`: its caller-given call id is indexed, or un-indexed when the call did not
+        take effect. A resolution leaves its turn counting it unfinished: it settles the turn."""
+        if finished and execution.open_turn is not None:
+            execution.open_turn.unfinished -= 1
+        raw = execution._raw
+        key = r.raw_call_key(raw) if raw is not None else False
         if key is False:
-            key = call_key(execution.record)
-        if not key:
-            return
-        if settled:
+            key = r.call_key(execution.record)
+        if key and settled:
             self.calls.settle(key[0], key[1], seq)
-        else:
+        elif key:
             self.calls.unsettle(key[0])
 
     def _session_named(self, seq: int, record: Mapping[str, Any]) -> None:
@@ -370,8 +328,7 @@ class RecoveryState(RecoveryView):
         # Checked before the execution is closed: a malformed settlement settles nothing.
         outcome, actor = self._text(seq, record, "outcome"), self._text(seq, record, "actor")
         del self.executions[execution_id]
-        self._index(execution, seq, outcome in r.SETTLED_RESOLUTIONS)
-        # The turn keeps counting this execution as unfinished: its resolution settles the turn.
+        self._close(execution, seq, outcome in r.SETTLED_RESOLUTIONS, finished=False)
         self.resolutions.append(
             Resolution("execution", execution_id, execution.turn,
                        _opt_str(execution.record, "tool"), outcome, actor,
@@ -382,7 +339,7 @@ class RecoveryState(RecoveryView):
         blocks = record.get("blocks_dispatch")
         if blocks is not None and not isinstance(blocks, bool):
             # Fail closed: a blocking flag that cannot be read must not read as "does not block".
-            raise CorruptionError(f"journal record {seq} has blocks_dispatch {show(blocks)}, "
+            raise CorruptionError(f"journal record {seq} has blocks_dispatch {r.show(blocks)}, "
                                   "not a boolean", seq=seq, kind="journal_record")
         self.llm_calls[self._id(seq, record)] = (record, seq)
         if blocks:
@@ -401,24 +358,22 @@ class RecoveryState(RecoveryView):
         outcome, actor = self._text(seq, record, "outcome"), self._text(seq, record, "actor")
         del self.llm_calls[call_id]
         self.blocking_llm_calls.discard(call_id)
-        self.resolutions.append(
-            Resolution("llm_call", call_id, turn_number(entry[0].get("turn_sequence")), None,
-                       outcome,
-                       actor, _opt_str(record, "note"), _time(record), seq)
-        )
+        self.resolutions.append(Resolution(
+            "llm_call", call_id, r.turn_number(entry[0].get("turn_sequence")), None, outcome,
+            actor, _opt_str(record, "note"), _time(record), seq))
 
     def _cut_resolved(self, seq: int, record: Mapping[str, Any]) -> None:
         outcome, actor = self._text(seq, record, "outcome"), self._text(seq, record, "actor")
         self.cuts.resolved(seq, record, outcome, actor, _opt_str(record, "note"), _time(record))
 
-def rebuild(records: Iterable[tuple[int, Any]],
-            replay_window: int = DEFAULT_REPLAY_WINDOW) -> RecoveryState:
-    """Rebuild the state from (seq, record) pairs in log order; a record may be a decoded dict
-    or its JSON bytes. This is the one implementation the journal and the forensic tool share."""
-    state = RecoveryState(replay_window)
+def rebuild(records: Iterable[tuple[int, Any]], replay_window: int = DEFAULT_REPLAY_WINDOW, *,
+            into: JournalState | None = None) -> JournalState:
+    """The state of (seq, record) pairs in log order, each record as `JournalState.feed` takes
+    it: what opening a journal, its resync after an interrupt, resolve_session and the CLI
+    rebuild. The log's replay hook on open feeds the same `feed`, one record at a time. `into`:
+    a state to go on feeding (the CLI keeps what it holds when a record is refused)."""
+    state = JournalState(replay_window) if into is None else into
+    feed = state.feed
     for seq, record in records:
-        if isinstance(record, (bytes, bytearray, memoryview)):
-            state.feed_json(seq, bytes(record))
-        else:
-            state.feed(seq, record)
+        feed(seq, record)
     return state
