@@ -12,8 +12,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-
-from tests.helpers import load_script
+from helpers import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN = ROOT / "benchmarks" / "run.py"

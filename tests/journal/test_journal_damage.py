@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_helpers import walj_cli
+from helpers import segments
+from journal_helpers import Recorder, kinds, records
 
 import walj
-from tests.cli_helpers import walj_cli
-from tests.helpers import segments
-from tests.journal_helpers import Recorder, kinds, records
 from walj.journal import records as rc
 
 
