@@ -29,7 +29,7 @@ from ..log.quarantine import (
     plain_name,
 )
 from ..log.segment import Problem
-from ._append import CHUNK, ForkError, read_back, write_once
+from ._append import ForkError, read_back, read_chunks, write_once
 from ._report import ShipReport
 from ._store import Entry, Store
 
@@ -166,13 +166,9 @@ def object_matches(store: Store, key: str, line: Quarantined) -> bool:
     read in chunks and never past one byte more than that length."""
     digest = hashlib.sha256()
     got = 0
-    with store.open_read(key) as f:
-        while got <= line.length:
-            part = f.read(min(CHUNK, line.length + 1 - got))
-            if not part:
-                break
-            digest.update(part)
-            got += len(part)
+    for part in read_chunks(store, key, line.length):
+        digest.update(part)
+        got += len(part)
     return got == line.length and digest.hexdigest() == line.sha256
 
 
