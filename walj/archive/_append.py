@@ -10,7 +10,7 @@ over: the local bytes may be the fork, and the archived ones may be the only cop
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from ._store import ArchiveError, Entry, Store
 
@@ -33,19 +33,18 @@ class ForkError(ArchiveError):
         self.archived = archived
 
 
-def read_back(store: Store, key: str, size: int) -> bytes:
-    """The object as stored, read in chunks and never past one byte more than `size`: an
-    object that grew is wrong without being read whole."""
-    parts: list[bytes] = []
+def read_chunks(store: Store, key: str, size: int) -> Iterator[bytes]:
+    """The object as stored, in chunks, never past one byte more than `size`: an object that
+    grew is wrong without being read whole."""
     got = 0
     with store.open_read(key) as f:
-        while got <= size:
-            part = f.read(min(CHUNK, size + 1 - got))
-            if not part:
-                break
-            parts.append(part)
+        while got <= size and (part := f.read(min(CHUNK, size + 1 - got))):
+            yield part
             got += len(part)
-    return b"".join(parts)
+
+
+def read_back(store: Store, key: str, size: int) -> bytes:
+    return b"".join(read_chunks(store, key, size))
 
 
 # Whether an object's bytes (as read: at most one more than the file's) are a damaged copy

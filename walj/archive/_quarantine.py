@@ -25,11 +25,11 @@ from ..log.quarantine import (
     QUARANTINE_DIR,
     Quarantined,
     check_quarantine_dir,
+    manifest_entries,
+    plain_name,
 )
-from ..log.quarantine import manifest_entry as manifest_entry
-from ..log.quarantine import plain_name as plain_name
 from ..log.segment import Problem
-from ._append import CHUNK, ForkError, read_back, write_once
+from ._append import ForkError, read_back, read_chunks, write_once
 from ._report import ShipReport
 from ._store import Entry, Store
 
@@ -49,11 +49,6 @@ def _versions(remote: dict[str, Entry]) -> list[tuple[int, str, Entry]]:
         if match is not None:
             found.append((int(match.group(1)), name, entry))
     return sorted(found)
-
-
-def _entries(manifest: bytes) -> list[Quarantined]:
-    """The cuts a manifest records; lines that do not parse are skipped, as the log does."""
-    return [e for e in map(manifest_entry, manifest.split(b"\n")) if e is not None]
 
 
 def _read_local(path: str) -> bytes | None:
@@ -95,8 +90,8 @@ def ship_quarantine(store: Store, directory: str, report: ShipReport) -> None:
     local_manifest = _read_local(os.path.join(qdir, MANIFEST))
     manifest = local_manifest or b""
     archived = _check_versions(store, prefix, url, qdir, remote, manifest, report)
-    listed = {e.file: e for e in _entries(manifest)}
-    vouched = {e.file for e in _entries(archived)}
+    listed = {e.file: e for e in manifest_entries(manifest)}
+    vouched = {e.file for e in manifest_entries(archived)}
     for name in sorted(os.listdir(qdir)):
         if name == MANIFEST or not plain_name(name) or _VERSION.match(name):
             continue
@@ -171,13 +166,9 @@ def object_matches(store: Store, key: str, line: Quarantined) -> bool:
     read in chunks and never past one byte more than that length."""
     digest = hashlib.sha256()
     got = 0
-    with store.open_read(key) as f:
-        while got <= line.length:
-            part = f.read(min(CHUNK, line.length + 1 - got))
-            if not part:
-                break
-            digest.update(part)
-            got += len(part)
+    for part in read_chunks(store, key, line.length):
+        digest.update(part)
+        got += len(part)
     return got == line.length and digest.hexdigest() == line.sha256
 
 
@@ -209,7 +200,7 @@ def check_quarantine(store: Store, prefix: str) -> ArchivedQuarantine:
     found = ArchivedQuarantine()
     remote = store.list(f"{prefix}/{QUARANTINE_DIR}")
     manifest = _check_archived_versions(store, f"{prefix}/{QUARANTINE_DIR}", remote, found)
-    for line in _entries(manifest):
+    for line in manifest_entries(manifest):
         entry = remote.get(line.file)
         key = f"{prefix}/{QUARANTINE_DIR}/{line.file}"
         if entry is None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
 from ..log import format as fmt
 from ..log.fs import DEFAULT_FS, FileSystem, open_regular
@@ -25,10 +25,6 @@ from ._store import ArchiveError, Entry, Store, open_store
 
 # Far above any descriptor a process holds: a view's handles are never real descriptors.
 _FIRST_HANDLE = 1 << 24
-
-
-def _read_only(path: str) -> OSError:
-    return OSError(errno.EROFS, "an archive view is read-only", path)
 
 
 class ArchiveView(FileSystem):
@@ -175,32 +171,12 @@ class ArchiveView(FileSystem):
 
     # --- the seam, write side: refused ---
 
-    def open_append(self, path: str) -> int:
-        raise _read_only(path)
+    def _refuse_write(self, *args: Any, **_: Any) -> NoReturn:
+        path = args[0] if args and isinstance(args[0], str) else ""  # a path, not a descriptor
+        raise OSError(errno.EROFS, "an archive view is read-only", path)
 
-    def create(self, path: str) -> int:
-        raise _read_only(path)
-
-    def write(self, fd: int, data: bytes) -> int:
-        raise _read_only("")
-
-    def sync(self, fd: int) -> None:
-        raise _read_only("")
-
-    def sync_dir(self, path: str) -> None:
-        raise _read_only(path)
-
-    def truncate(self, fd: int, length: int) -> None:
-        raise _read_only("")
-
-    def rename(self, src: str, dst: str) -> None:
-        raise _read_only(src)
-
-    def unlink(self, path: str) -> None:
-        raise _read_only(path)
-
-    def mkdir(self, path: str) -> None:
-        raise _read_only(path)
+    open_append = create = write = sync = sync_dir = _refuse_write
+    truncate = rename = unlink = mkdir = _refuse_write
 
 
 def archive_problem(view: ArchiveView, scan: LogScan) -> Problem | None:

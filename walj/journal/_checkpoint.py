@@ -255,8 +255,7 @@ class CheckpointLoad:
             state.requests.note(request_id)
 
     def _forgotten(self, state: JournalState, seq: int, item: Mapping[str, Any]) -> None:
-        offset = _get(item, "offset", seq, lambda v: v == len(self.filter), "the next offset")
-        del offset
+        _get(item, "offset", seq, lambda v: v == len(self.filter), "the next offset")
         try:
             self.filter += base64.b64decode(_get(item, "zlib_base64", seq, _opt_str, "text"),
                                             validate=True)

@@ -141,19 +141,7 @@ class Redactor:
         if depth > MAX_DEPTH:
             return value
         if isinstance(value, dict):
-            out: dict[Any, Any] | None = None
-            for key, item in value.items():
-                if isinstance(key, str) and self._matches(key):
-                    new: Any = REDACTED
-                elif isinstance(item, _CONTAINERS):
-                    new = self._redact(item, depth + 1)
-                else:
-                    continue  # a scalar under an ordinary key stays as it is
-                if new is not item and out is None:
-                    out = dict(value)
-                if out is not None:
-                    out[key] = new
-            return value if out is None else out
+            return self._redact_dict(value, depth)
         if isinstance(value, (list, tuple)):
             items = [self._redact(item, depth + 1) if isinstance(item, _CONTAINERS) else item
                      for item in value]
@@ -161,6 +149,21 @@ class Redactor:
                 return value
             return items
         return value
+
+    def _redact_dict(self, value: dict[Any, Any], depth: int) -> dict[Any, Any]:
+        out: dict[Any, Any] | None = None
+        for key, item in value.items():
+            if isinstance(key, str) and self._matches(key):
+                new: Any = REDACTED
+            elif isinstance(item, _CONTAINERS):
+                new = self._redact(item, depth + 1)
+            else:
+                continue  # a scalar under an ordinary key stays as it is
+            if new is not item and out is None:
+                out = dict(value)
+            if out is not None:
+                out[key] = new
+        return value if out is None else out
 
 
 def _normalise(key: str) -> str:
@@ -235,7 +238,11 @@ def describe_arguments(arguments: Any, limit: int, redactor: Redactor,
     """Fingerprint (of the unredacted value) and redacted preview of tool arguments.
     SerializationError when the arguments cannot be stored as JSON (a subclass of it,
     walj._codec.NestingError, when they are nested deeper than MAX_DEPTH)."""
-    text, digest, plain = _canonical(arguments, fast, "arguments")
+    return _redacted_digest(*_canonical(arguments, fast, "arguments"), limit, redactor)
+
+
+def _redacted_digest(text: str, digest: str, plain: Any, limit: int,
+                     redactor: Redactor) -> Digest:
     redacted = redactor.redact(plain)
     shown = text if redacted is plain else canonical_json(redacted)
     return Digest(digest, preview(shown, limit), len(shown))
@@ -255,9 +262,7 @@ def describe_output(output: Any, limit: int, redactor: Redactor,
             return _unstorable(output, limit)
         if type(plain) is str:
             return Digest(digest, preview(plain, limit), len(plain))
-        redacted = redactor.redact(plain)
-        shown = text if redacted is plain else canonical_json(redacted)
-        return Digest(digest, preview(shown, limit), len(shown))
+        return _redacted_digest(text, digest, plain, limit, redactor)
     except Exception:  # e.g. redaction on a call stack too deep for the value: the output
         return _unstorable(output, limit)  # is still recorded, as its repr
 

@@ -7,10 +7,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-# Read here by walj/cli until it imports them from walj.journal.records.
-from .records import record_kind as record_kind
-from .records import subject_of as subject_of
-
 
 @dataclass(frozen=True)
 class Blocker:

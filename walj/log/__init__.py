@@ -32,7 +32,7 @@ writer).
 
 from __future__ import annotations
 
-from ._base import BASE_NAME, Base
+from ._base import Base
 from ._log import Log
 from ._read import Record, VerifyReport, read, read_view, verify, verify_view
 from ._requests import (
@@ -48,6 +48,7 @@ from ._requests import pending as pending_requests
 from ._requests import post as post_request
 from ._requests import remove as remove_request
 from ._requests import remove_stale as remove_stale_requests
+from .format import BASE_NAME
 from .quarantine import CutLine, Quarantined
 
 __all__ = ["BASE_NAME", "PICK_UP_LIMIT", "REQUESTS_DIR", "REQUEST_LIMIT", "Base", "CutLine", "Log",

@@ -10,9 +10,7 @@ from dataclasses import dataclass
 from .. import _codec
 from ..errors import CorruptionError
 from . import format as fmt
-from .format import BASE_NAME as BASE_NAME  # re-exported: where the layers above found it
-from .format import BASE_TAG
-from .format import BASE_TMP as BASE_TMP
+from .format import BASE_NAME, BASE_TAG, BASE_TMP
 from .fs import FileSystem, not_regular, write_all
 from .segment import Problem, read_ends
 

@@ -18,8 +18,8 @@ from .lines import CHUNK_BYTES, LineReader
 from .segment import TAIL_KINDS
 
 __all__ = ["MANIFEST", "MANIFEST_LIMIT", "QUARANTINE_DIR", "CutLine", "Quarantined",
-           "check_quarantine_dir", "cut_lines", "cut_segment", "manifest_entry", "plain_name",
-           "read_manifest"]
+           "check_quarantine_dir", "cut_lines", "cut_segment", "manifest_entries",
+           "manifest_entry", "plain_name", "read_manifest"]
 
 # A manifest holds one short line per cut; more than this is not a manifest walj wrote.
 MANIFEST_LIMIT = 64 << 20
@@ -177,12 +177,12 @@ def read_manifest(directory: str) -> list[Quarantined]:
         raw = read_regular(os.path.join(qdir, MANIFEST), MANIFEST_LIMIT)
     except FileNotFoundError:
         return []
-    entries: list[Quarantined] = []
-    for line in raw.split(b"\n"):
-        entry = manifest_entry(line)
-        if entry is not None:
-            entries.append(entry)
-    return entries
+    return manifest_entries(raw)
+
+
+def manifest_entries(manifest: bytes) -> list[Quarantined]:
+    """The cuts a manifest's bytes record; lines that do not parse are skipped."""
+    return [e for e in map(manifest_entry, manifest.split(b"\n")) if e is not None]
 
 
 def manifest_entry(line: bytes) -> Quarantined | None:

@@ -352,8 +352,6 @@ def read_header(fs: FileSystem, directory: str, name: str) -> fmt.Header | None:
     return _header_of(head)
 
 
-
-
 def read_ends(fs: FileSystem, directory: str, name: str) -> tuple[fmt.Header | None,
                                                                   fmt.Seal | None]:
     """A segment's verified header and, when its last line is a verified seal, that seal: what
