@@ -700,7 +700,7 @@ class Stat:  # what fstat saw just before a writer cut the file back
         real = real_fstat(fd)
         self.st_mode, self.st_size = real.st_mode, real.st_size + 4096
 os.fstat = Stat
-print(len(Follower(path, 1, end, 4).poll()))
+print(len(Follower(path, 1, 4).poll()))  # seqs 1-3 were shown; `end` is where they end
 """
 
 

@@ -14,8 +14,9 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ..log import format as fmt
-from ..log.fs import open_regular
+from ..log.fs import DEFAULT_FS
 from ..log.scan import LogScan
+from ..log.segment import SegmentScan
 from ._common import (
     EXIT_OK,
     EXIT_PROBLEMS,
@@ -35,7 +36,6 @@ from ._common import (
 from ._model import decode_record, kind_of, subject_of
 
 KIND_WIDTH = 31
-FOLLOW_CHUNK = 4 << 20
 # Bytes of a record's JSON that must not reach a terminal as they are: C0 (JSON allows tab, CR
 # and LF between tokens), DEL, and the UTF-8 of C1 and of the bidi controls (raw in strings).
 _RAW_UNSAFE = re.compile(rb"[\x00-\x1f\x7f]|\xc2[\x80-\x9f]"
@@ -207,93 +207,55 @@ def _own_records(log_scan: LogScan,
 
 
 class Follower:
-    """Reads records appended after a position, segment by segment: a seal line sends it on to
-    the next segment once that exists. Lines are checked with the log's own framing code; an
-    incomplete or unverified line is waited on, never shown."""
+    """Reads records appended after a position with the log's own segment reader, resumed
+    where it stopped (`SegmentScan.read_more`): a seal sends it on to the next segment once
+    that exists; an incomplete or unverified line is waited on, never shown."""
 
-    def __init__(self, path: str, index: int, offset: int, next_seq: int) -> None:
+    def __init__(self, path: str, index: int, next_seq: int) -> None:
         self.path = path
-        self.index = index
-        self.offset = offset
         self.next_seq = next_seq
-        self.warned_at: tuple[int, int] | None = None
+        self.seg = self._open(index)
+        self.warned_at: tuple[str, int] | None = None
+
+    def _open(self, index: int, name: str | None = None) -> SegmentScan:
+        # Nothing past a line that does not verify is shown: it is waited on, as a torn tail.
+        return SegmentScan(DEFAULT_FS, self.path, name or fmt.segment_name(index),
+                           before_late_record=lambda seg: False)
 
     def poll(self) -> list[tuple[int, bytes]]:
         out: list[tuple[int, bytes]] = []
         while True:
-            name = fmt.segment_name(self.index)
+            seg = self.seg
             try:
-                # Never a FIFO or other special file named like a segment: it would hang here.
-                fd = open_regular(os.path.join(self.path, name), os.O_RDONLY)
+                if os.stat(seg.path).st_size < seg.valid_end:
+                    self._cut_back()
+                    continue
+                out += [r for r in seg.read_more() if r[0] >= self.next_seq]
             except FileNotFoundError:
                 return out  # the next segment is not there yet
-            try:
-                size = os.fstat(fd).st_size
-                if size < self.offset:
-                    self._shrunk(fd, name, size)
-                data = self._read(fd, size - self.offset)
-            finally:
-                os.close(fd)
-            sealed = self._lines(name, data, out)
-            if not sealed:
+            if out:
+                self.next_seq = out[-1][0] + 1
+            first = seg.problems[0] if seg.problems else None
+            if first is not None and first.kind != "incomplete_line":  # a write in progress
+                self._warn(first.file, first.offset)  # is no news; this is where it waits
+            if seg.seal is None or seg.header is None:
                 return out
-            self.index += 1
-            self.offset = 0
-
-    def _read(self, fd: int, want: int) -> bytes:
-        """Up to `want` bytes from the offset: the first chunk, and more while no line has
-        ended in it (a long line). A short read means the file shrank since fstat (a writer
-        cutting a torn tail): stop there, and the next poll sees the new size. Asking again
-        for what is no longer there would spin for ever without sleeping."""
-        data = os.pread(fd, min(FOLLOW_CHUNK, want), self.offset)
-        while b"\n" not in data and len(data) < want:
-            more = os.pread(fd, min(max(len(data), FOLLOW_CHUNK), want - len(data)),
-                            self.offset + len(data))
-            if not more:
-                break
-            data += more
-        return data
-
-    def _lines(self, name: str, data: bytes, out: list[tuple[int, bytes]]) -> bool:
-        pos = 0
-        while True:
-            nl = data.find(b"\n", pos)
-            if nl < 0:
-                break
-            line = data[pos:nl]
-            if not fmt.checksum_ok(line):
-                self._warn(name, self.offset + pos)
-                break
-            pos = nl + 1
-            record = fmt.parse_data(line)
-            if record is not None:
-                if record[0] >= self.next_seq:
-                    out.append(record)
-                    self.next_seq = record[0] + 1
-            elif fmt.parse_seal(line) is not None:
-                self.offset += pos
-                return True
-        self.offset += pos
-        return False
+            self.seg = self._open(seg.header.index + 1)
 
     def _warn(self, name: str, offset: int) -> None:
-        if self.warned_at != (self.index, offset):
-            self.warned_at = (self.index, offset)
+        if self.warned_at != (name, offset):
+            self.warned_at = (name, offset)
             warn(f"walj: {name} at byte {offset}: a line does not verify; waiting there (a "
                  "writer that reopens cuts a torn tail)")
 
-    def _shrunk(self, fd: int, name: str, size: int) -> None:
+    def _cut_back(self) -> None:
         """The segment was cut below what was read: a writer reopened after a crash and moved a
         torn tail aside. Resume after the last line that is still there."""
-        data = os.pread(fd, size, 0)
-        self.offset, last = 0, None
-        for line in data.split(b"\n")[:-1]:
-            if not fmt.checksum_ok(line):
-                break
-            self.offset += len(line) + 1
-            record = fmt.parse_data(line)
-            if record is not None:
-                last = record[0]
+        name = self.seg.name
+        self.seg = self._open(0, name)
+        for _ in self.seg.read_more():
+            pass
+        last = self.seg.last_seq
         if last is not None and last + 1 < self.next_seq:
             warn(f"walj: {name} was cut back to seq {last} after a crash; records from seq "
                  f"{last + 1} on are shown again as rewritten")
@@ -332,11 +294,9 @@ def _tail(args: argparse.Namespace) -> int:
         return code
     seg = log_scan.last
     if seg is None or seg.header is None:
-        follower = Follower(path, 1 if seg is None else _index(seg.name), 0, 1)
-    elif seg.seal is not None:
-        follower = Follower(path, seg.header.index + 1, 0, seg.seal.last_seq + 1)
+        follower = Follower(path, 1 if seg is None else _index(seg.name), 1)
     else:
-        follower = Follower(path, seg.header.index, seg.valid_end, (seg.last_seq or 0) + 1)
+        follower = Follower(path, seg.header.index, (seg.last_seq or 0) + 1)
     follower.next_seq = max(follower.next_seq, log_scan.last_seq + 1)
     while True:
         batch = follower.poll()
