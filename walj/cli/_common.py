@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -98,10 +99,8 @@ def _holds_segments(path: str) -> bool:
 def segment_bytes(path: str, names: Iterable[str], fs: FileSystem = DEFAULT_FS) -> int:
     total = 0
     for name in names:
-        try:
+        with contextlib.suppress(OSError):
             total += fs.stat(os.path.join(path, name)).st_size
-        except OSError:
-            pass
     return total
 
 

@@ -4,6 +4,7 @@ state and writes live in its Core."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -126,10 +127,8 @@ class ToolJournal:
                 _requests.watch(core)  # what other processes asked while none held it
             return cls(core)
         except BaseException:
-            try:
+            with contextlib.suppress(WaljError):  # the exception in flight says more
                 log.close()
-            except WaljError:
-                pass  # the exception in flight says more
             raise
 
     @classmethod
@@ -147,10 +146,8 @@ class ToolJournal:
                 journal._name_session(session_id)
             return journal
         except BaseException:
-            try:
+            with contextlib.suppress(WaljError):  # the exception in flight says more
                 journal.close()
-            except WaljError:
-                pass  # the exception in flight says more
             raise
 
     def _name_session(self, session_id: str) -> None:
