@@ -31,6 +31,7 @@ from ._common import (
     short,
     write_lines,
 )
+from ._inspect import resolution_json
 from ._model import DEFAULT_WAIT, kind_of, known_ids, resolve_session, resolve_session_turn
 
 # --- resolve ---------------------------------------------------------------------------------
@@ -108,15 +109,9 @@ def cmd_resolve(args: argparse.Namespace) -> int:
     if done.status == "queued":
         return _queued(args, done.request_id)
     resolution, after = done.resolution, done.recovery
-    settled = {
-        "kind": resolution.kind, "execution_id": resolution.execution_id,
-        "turn_sequence": resolution.turn_sequence, "tool": resolution.tool,
-        "outcome": resolution.outcome, "actor": resolution.actor, "note": resolution.note,
-        "at": resolution.at, "seq": resolution.seq,
-    }
     if args.json:
         emit_json({"schema": "walj.resolve/1", "path": path, "status": "applied",
-                   "request_id": done.request_id, "resolution": settled,
+                   "request_id": done.request_id, "resolution": resolution_json(resolution),
                    "blocked": after.blocked if after else None,
                    "blockers_left": len(after.blockers) if after else None})
         return EXIT_OK
