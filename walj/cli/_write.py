@@ -40,11 +40,6 @@ _USAGE_REASONS = ("unknown", "bad_outcome", "bad_actor", "note_required")
 _WHOLE_ID = re.compile(r"[0-9a-f]{32}")  # an execution or LLM call id, given in full
 
 
-def _locked(path: str, exc: LockedError, what: str) -> CliError:
-    return CliError(f"refused: a live writer holds {path} ({exc.owner or 'owner unknown'}); "
-                    f"{what} only once it has stopped", EXIT_PROBLEMS)
-
-
 def _expand(prefix: str, candidates: set[str]) -> str:
     """A unique prefix (6+ characters) of an id the log names, expanded; else as given. Every
     id counts, resolved or not, so a prefix gets the same answer as the whole id."""
@@ -186,7 +181,9 @@ def cmd_repair(args: argparse.Namespace) -> int:
         try:
             lock = WriterLock(DEFAULT_FS, path, 0)
         except LockedError as exc:
-            raise _locked(path, exc, "repair") from None
+            owner = exc.owner or "owner unknown"
+            raise CliError(f"refused: a live writer holds {path} ({owner}); repair only once "
+                           "it has stopped", EXIT_PROBLEMS) from None
     try:
         cuts, _ = plan_cuts(path)
         done: list[dict[str, Any]] = []
