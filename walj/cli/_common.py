@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -98,10 +99,8 @@ def _holds_segments(path: str) -> bool:
 def segment_bytes(path: str, names: Iterable[str], fs: FileSystem = DEFAULT_FS) -> int:
     total = 0
     for name in names:
-        try:
+        with contextlib.suppress(OSError):
             total += fs.stat(os.path.join(path, name)).st_size
-        except OSError:
-            pass
     return total
 
 
@@ -157,16 +156,11 @@ class Progress:
     installed; otherwise every call does nothing."""
 
     def __init__(self, total: int, desc: str) -> None:
-        self._bar: Any = None
         self._pending = 0
-        if not progress_wanted():
-            return
-        try:
-            from tqdm import tqdm  # type: ignore[import-untyped,unused-ignore]
-        except ImportError:
-            return
-        self._bar = tqdm(total=total, desc=desc, unit="B", unit_scale=True, delay=0.5,
-                         leave=False, file=sys.stderr)
+        bar = progress_bar()
+        self._bar: Any = None if bar is None else bar(
+            total=total, desc=desc, unit="B", unit_scale=True, delay=0.5, leave=False,
+            file=sys.stderr)
 
     def add(self, count: int) -> None:
         if self._bar is not None:
@@ -186,6 +180,17 @@ def progress_wanted() -> bool:
         return sys.stderr.isatty() and not os.environ.get("WALJ_NO_PROGRESS")
     except (AttributeError, ValueError):
         return False
+
+
+def progress_bar() -> Any:
+    """tqdm's bar class when a bar is to be shown (progress_wanted) and tqdm is installed."""
+    if not progress_wanted():
+        return None
+    try:
+        from tqdm import tqdm  # type: ignore[import-untyped,unused-ignore]
+    except ImportError:
+        return None
+    return tqdm
 
 
 def scan(path: str, names: Sequence[str], *, start_seq: int = 0, desc: str = "scanning",

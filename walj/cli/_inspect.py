@@ -9,6 +9,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ..errors import CorruptionError, UnsupportedVersionError
+from ..journal import Resolution
 from ..log.fs import FileSystem
 from ..log.scan import LogScan
 from ._common import (
@@ -94,12 +95,14 @@ def recovery_json(rec: Recovery, now: float,
              "started_at": c.started_at, "age_seconds": age(c.started_at, now), "seq": c.seq,
              "request_sha256": c.request_sha256, "request_preview": c.request_preview}
             for c in rec.pending_llm_calls],
-        "resolutions": [
-            {"kind": r.kind, "execution_id": r.execution_id, "turn_sequence": r.turn_sequence,
-             "tool": r.tool, "outcome": r.outcome, "actor": r.actor, "note": r.note, "at": r.at,
-             "seq": r.seq}
-            for r in rec.resolved],
+        "resolutions": [resolution_json(r) for r in rec.resolved],
     }
+
+
+def resolution_json(r: Resolution) -> dict[str, Any]:
+    return {"kind": r.kind, "execution_id": r.execution_id, "turn_sequence": r.turn_sequence,
+            "tool": r.tool, "outcome": r.outcome, "actor": r.actor, "note": r.note, "at": r.at,
+            "seq": r.seq}
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from ..errors import WaljError
 from ._common import (
@@ -85,19 +87,18 @@ class _TopParser(_Parser):
         return super().format_help()
 
 
-def _json_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", action="store_true", help="print the documented JSON schema")
+_JSON = ("--json", "print the documented JSON schema")
+_JSON_LINES = ("--json", "JSON Lines: {\"seq\", \"data\"} per line")
+_KINDS_HELP = "only records of this kind (`k`), e.g. tool_execution_started; repeat"
+_ARCHIVE_HELP = ("the archive PATH was shipped to: read its archived segments, then PATH's own "
+                 "(PATH may also be an archived session's URL itself)")
+_JOBS = ("--jobs", "-j")
 
 
-def _archive_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--archive", metavar="URL", help="the archive PATH was shipped to: read its "
-                   "archived segments, then PATH's own (PATH may also be an archived "
-                   "session's URL itself)")
-
-
-def _kinds(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--kind", action="append", metavar="K",
-                   help="only records of this kind (`k`), e.g. tool_execution_started; repeat")
+def _flags(p: argparse.ArgumentParser, *flags: tuple[str, str]) -> None:
+    """On/off options, each (flag, help), in the order --help lists them."""
+    for flag, text in flags:
+        p.add_argument(flag, action="store_true", help=text)
 
 
 def _engines() -> str:
@@ -119,30 +120,32 @@ def build_parser(prog: str = "walj") -> argparse.ArgumentParser:
                         version=f"%(prog)s {__version__} ({_engines()})")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
-    p = sub.add_parser("verify", help="check checksums, seqs, headers, seals and the seal chain")
-    p.add_argument("path", metavar="PATH")
-    p.add_argument("--strict", action="store_true", help="count a torn tail as a problem")
-    _archive_flag(p)
-    _json_flag(p)
+    def command(name: str, text: str, where: str = "path", metavar: str = "PATH",
+                **options: Any) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=text, **options)
+        p.add_argument(where, metavar=metavar)
+        return p
 
-    p = sub.add_parser("inspect", help="the recovery state: blockers, incomplete turns, "
-                       "pending LLM calls, resolutions (or one execution's history)")
-    p.add_argument("path", metavar="PATH")
+    p = command("verify", "check checksums, seqs, headers, seals and the seal chain")
+    _flags(p, ("--strict", "count a torn tail as a problem"))
+    p.add_argument("--archive", metavar="URL", help=_ARCHIVE_HELP)
+    _flags(p, _JSON)
+
+    p = command("inspect", "the recovery state: blockers, incomplete turns, pending LLM calls, "
+                "resolutions (or one execution's history)")
     p.add_argument("execution_id", metavar="EXECUTION_ID", nargs="?",
                    help="show every record of this execution (id or unique prefix)")
-    _archive_flag(p)
-    _json_flag(p)
+    p.add_argument("--archive", metavar="URL", help=_ARCHIVE_HELP)
+    _flags(p, _JSON)
 
-    p = sub.add_parser("dump", help="records in order")
-    p.add_argument("path", metavar="PATH")
+    p = command("dump", "records in order")
     p.add_argument("--from-seq", type=int, default=0, metavar="N")
     p.add_argument("--to-seq", type=int, default=None, metavar="N")
-    _archive_flag(p)
-    _kinds(p)
-    p.add_argument("--json", action="store_true", help="JSON Lines: {\"seq\", \"data\"} per line")
+    p.add_argument("--archive", metavar="URL", help=_ARCHIVE_HELP)
+    p.add_argument("--kind", action="append", metavar="K", help=_KINDS_HELP)
+    _flags(p, _JSON_LINES)
 
-    p = sub.add_parser("tail", help="the last records; -f follows new ones across rotation")
-    p.add_argument("path", metavar="PATH")
+    p = command("tail", "the last records; -f follows new ones across rotation")
     p.add_argument("-f", "--follow", action="store_true", help="follow until Ctrl-C")
     p.add_argument("-n", "--lines", type=int, default=10, metavar="N",
                    help="how many of the last records to show first (default 10)")
@@ -150,33 +153,27 @@ def build_parser(prog: str = "walj") -> argparse.ArgumentParser:
                    help="show from this seq instead of the last N")
     p.add_argument("--interval", type=float, default=0.2, metavar="SECONDS",
                    help="polling interval when following (default 0.2)")
-    _kinds(p)
-    p.add_argument("--json", action="store_true", help="JSON Lines: {\"seq\", \"data\"} per line")
+    p.add_argument("--kind", action="append", metavar="K", help=_KINDS_HELP)
+    _flags(p, _JSON_LINES)
 
-    p = sub.add_parser("timeline", help="turns as a tree of executions, outcomes, durations")
-    p.add_argument("path", metavar="PATH")
+    p = command("timeline", "turns as a tree of executions, outcomes, durations")
     p.add_argument("--last", type=int, default=None, metavar="N", help="only the last N turns")
-    _json_flag(p)
+    _flags(p, _JSON)
 
-    p = sub.add_parser("stats", help="segments, bytes, records by kind, per-tool numbers")
-    p.add_argument("path", metavar="PATH")
-    _json_flag(p)
+    _flags(command("stats", "segments, bytes, records by kind, per-tool numbers"), _JSON)
 
-    p = sub.add_parser("sweep",
-                       help="every session log under ROOT: active, ended, blocked or corrupt")
-    p.add_argument("root", metavar="ROOT")
-    p.add_argument("--jobs", "-j", type=int, default=None, metavar="N",
+    p = command("sweep", "every session log under ROOT: active, ended, blocked or corrupt",
+                "root", "ROOT")
+    p.add_argument(*_JOBS, type=int, default=None, metavar="N",
                    help="worker processes (default: CPU count, at most 8; 1: none)")
-    p.add_argument("--all", action="store_true", help="list active and ended logs too")
-    _json_flag(p)
+    _flags(p, ("--all", "list active and ended logs too"), _JSON)
 
-    p = sub.add_parser("resolve", help="resolve a blocker durably (a live writer applies it)",
-                       description="Resolve a blocker durably, under the writer lock or, while "
-                       "a live process holds the session, by a request that process applies: a "
-                       "tool_execution_resolved,\nturn_resolved or log_cut_resolved record says "
-                       "what happened, who says so and why.",
-                       epilog=RESOLVE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("path", metavar="PATH")
+    p = command("resolve", "resolve a blocker durably (a live writer applies it)",
+                description="Resolve a blocker durably, under the writer lock or, while a live "
+                "process holds the session, by a request that process applies: a "
+                "tool_execution_resolved,\nturn_resolved or log_cut_resolved record says what "
+                "happened, who says so and why.",
+                epilog=RESOLVE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("execution_id", metavar="EXECUTION_ID", nargs="?")
     p.add_argument("--turn", type=int, default=None, metavar="N",
                    help="resolve interrupted turn N instead of an execution")
@@ -189,41 +186,33 @@ def build_parser(prog: str = "walj") -> argparse.ArgumentParser:
                          help="how long to wait for a live writer to apply it (default 10)")
     waiting.add_argument("--no-wait", action="store_true",
                          help="leave the request for the live writer and exit 3 at once")
-    _json_flag(p)
+    _flags(p, _JSON)
 
-    p = sub.add_parser("repair", help="cut a torn tail or damaged suffix into quarantine/")
-    p.add_argument("path", metavar="PATH")
-    p.add_argument("--dry-run", action="store_true", help="show the cut, change nothing")
-    _json_flag(p)
+    _flags(command("repair", "cut a torn tail or damaged suffix into quarantine/"),
+           ("--dry-run", "show the cut, change nothing"), _JSON)
 
-    p = sub.add_parser("archive", help="copy sealed segments to URL/<log id>/ and verify "
-                       "each copy; never deletes")
-    p.add_argument("path", metavar="SESSION_DIR")
+    p = command("archive", "copy sealed segments to URL/<log id>/ and verify each copy; never "
+                "deletes", metavar="SESSION_DIR")
     p.add_argument("--to", required=True, metavar="URL",
                    help="s3://bucket/prefix, file:///path, a local path, or any fsspec URL")
-    p.add_argument("--recheck", action="store_true",
-                   help="read every archived copy back in full, not just its size and ends")
-    _json_flag(p)
+    _flags(p, ("--recheck", "read every archived copy back in full, not just its size and ends"),
+           _JSON)
 
-    p = sub.add_parser("prune", help="retention over ROOT: archive then remove old ended "
-                       "sessions, compact old active ones; never a blocked one")
-    p.add_argument("root", metavar="ROOT")
+    p = command("prune", "retention over ROOT: archive then remove old ended sessions, compact "
+                "old active ones; never a blocked one", "root", "ROOT")
     p.add_argument("--older-than", required=True, metavar="AGE",
                    help="only sessions whose last record is older: 30d, 12h, 90m, 45s, 2w")
     p.add_argument("--archive", metavar="URL", help="ship every segment here and read it back "
                    "before anything local is deleted (s3://bucket/prefix, file:///path, ...)")
-    p.add_argument("--delete-unarchived", action="store_true",
-                   help="remove old ended sessions without archiving them first")
-    p.add_argument("--include-idle", action="store_true",
-                   help="also end and remove an active session with no blocker, no live "
-                   "writer and no record newer than --older-than")
+    _flags(p, ("--delete-unarchived", "remove old ended sessions without archiving them first"),
+           ("--include-idle", "also end and remove an active session with no blocker, no live "
+            "writer and no record newer than --older-than"))
     p.add_argument("--keep-turns", type=int, default=0, metavar="N",
                    help="compaction keeps the last N turns readable locally (default 0)")
-    p.add_argument("--dry-run", action="store_true", help="say what would be done, do nothing")
-    p.add_argument("--jobs", "-j", type=int, default=None, metavar="N",
+    _flags(p, ("--dry-run", "say what would be done, do nothing"))
+    p.add_argument(*_JOBS, type=int, default=None, metavar="N",
                    help="worker processes for the checks (default: CPU count, at most 8)")
-    p.add_argument("--all", action="store_true", help="list young and active sessions too")
-    _json_flag(p)
+    _flags(p, ("--all", "list young and active sessions too"), _JSON)
 
     p = sub.add_parser("demo", help="crash an agent mid-tool, then inspect, resolve, resume")
     p.add_argument("dir", metavar="DIR", nargs="?", help="where to leave it (default: new "
@@ -231,42 +220,24 @@ def build_parser(prog: str = "walj") -> argparse.ArgumentParser:
     return parser
 
 
+# Each command's module and function, imported only when the command runs.
+_COMMANDS = {"verify": ("_logcmds", "cmd_verify"), "stats": ("_logcmds", "cmd_stats"),
+             "dump": ("_records", "cmd_dump"), "tail": ("_records", "cmd_tail"),
+             "inspect": ("_inspect", "cmd_inspect"), "timeline": ("_timeline", "cmd_timeline"),
+             "sweep": ("_sweep", "cmd_sweep"), "archive": ("_archive", "cmd_archive"),
+             "prune": ("_prune", "cmd_prune"), "resolve": ("_write", "cmd_resolve"),
+             "repair": ("_write", "cmd_repair")}
+
+
 def _command(name: str) -> Callable[[argparse.Namespace], int]:
-    if name == "verify" or name == "stats":
-        from . import _logcmds
+    if name == "demo":
+        from ._demo import cmd_demo
 
-        return _logcmds.cmd_verify if name == "verify" else _logcmds.cmd_stats
-    if name in ("dump", "tail"):
-        from . import _records
-
-        return _records.cmd_dump if name == "dump" else _records.cmd_tail
-    if name == "inspect":
-        from ._inspect import cmd_inspect
-
-        return cmd_inspect
-    if name == "timeline":
-        from ._timeline import cmd_timeline
-
-        return cmd_timeline
-    if name == "sweep":
-        from ._sweep import cmd_sweep
-
-        return cmd_sweep
-    if name == "archive":
-        from ._archive import cmd_archive
-
-        return cmd_archive
-    if name == "prune":
-        from ._prune import cmd_prune
-
-        return cmd_prune
-    if name in ("resolve", "repair"):
-        from . import _write
-
-        return _write.cmd_resolve if name == "resolve" else _write.cmd_repair
-    from ._demo import cmd_demo
-
-    return functools.partial(cmd_demo, run=main)
+        return functools.partial(cmd_demo, run=main)
+    module, function = _COMMANDS[name]
+    command: Callable[[argparse.Namespace], int] = getattr(
+        importlib.import_module(f"{__package__}.{module}"), function)
+    return command
 
 
 def main(argv: Sequence[str] | None = None, *, forensic: bool = False) -> int:

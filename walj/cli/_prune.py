@@ -155,22 +155,20 @@ def _attempt(entry: dict[str, Any], age: float, step: Callable[[], dict[str, Any
              notes: list[str] | None = None) -> dict[str, Any]:
     """Run one session's step; what stopped it is that session's action, never the run's.
     `notes`: what the step did before it stopped, put before the reason."""
-
-    def said(exc: BaseException) -> str:
-        return "; ".join([*(notes or []), str(exc)])
-
     try:
         return step()
-    except Busy as exc:
-        return _result(entry, "busy", said(exc), age)
-    except Nested as exc:
-        return _result(entry, "kept_nested", said(exc), age)
-    except Unaccounted as exc:
-        return _result(entry, "kept_unaccounted", said(exc), age)
-    except Kept as exc:
-        return _result(entry, "kept_changed", said(exc), age)
-    except (WaljError, OSError) as exc:
-        return _result(entry, "failed", said(exc), age)
+    except (Busy, Kept, WaljError, OSError) as exc:
+        return _result(entry, _stopped(exc), "; ".join([*(notes or []), str(exc)]), age)
+
+
+# What stopped a session's step, as its action: the first entry whose class it is.
+_STOPPED: tuple[tuple[type[Exception] | tuple[type[Exception], ...], str], ...] = (
+    (Busy, "busy"), (Nested, "kept_nested"), (Unaccounted, "kept_unaccounted"),
+    (Kept, "kept_changed"), ((WaljError, OSError), "failed"))
+
+
+def _stopped(exc: Exception) -> str:
+    return next(action for kind, action in _STOPPED if isinstance(exc, kind))
 
 
 def _finish(tombstone: str, dry_run: bool) -> dict[str, Any]:
@@ -187,14 +185,8 @@ def _finish(tombstone: str, dry_run: bool) -> dict[str, Any]:
         return _result(entry, "would_finish_removal", detail)
     try:
         finish_tombstone(tombstone)
-    except Busy as exc:
-        return _result(entry, "busy", str(exc))
-    except Nested as exc:
-        return _result(entry, "kept_nested", str(exc))
-    except Unaccounted as exc:
-        return _result(entry, "kept_unaccounted", str(exc))
-    except OSError as exc:
-        return _result(entry, "failed", str(exc))
+    except (Busy, Nested, Unaccounted, OSError) as exc:
+        return _result(entry, _stopped(exc), str(exc))
     return _result(entry, "finished_removal", detail)
 
 

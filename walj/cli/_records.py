@@ -90,9 +90,7 @@ def summary(data: Any) -> str:
 
 def _id(data: Any) -> str:
     subject = subject_of(data)
-    if isinstance(subject, str):
-        return subject[:12]
-    return "-"
+    return subject[:12] if isinstance(subject, str) else "-"
 
 
 class Printer:

@@ -135,10 +135,8 @@ def delete_tombstone(tombstone: str, found: Survey, fs: FileSystem = DEFAULT_FS)
     sync its parent. Anything that appeared since the survey stays (Unaccounted), and so does
     the tombstone around it."""
     for relative in found.files:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             fs.unlink(os.path.join(tombstone, relative))
-        except FileNotFoundError:
-            pass
     try:
         for relative in sorted(found.dirs, key=lambda d: -d.count(os.sep)):
             os.rmdir(os.path.join(tombstone, relative))

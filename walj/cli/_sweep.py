@@ -25,7 +25,7 @@ from ._common import (
     emit_json,
     plural,
     problem_json,
-    progress_wanted,
+    progress_bar,
     short,
     table,
     write_lines,
@@ -268,21 +268,16 @@ def run_checks(logs: list[str], jobs: int,
 
 def progress_over(total: int, desc: str = "sweeping"
               ) -> Callable[[Iterable[dict[str, Any]]], Iterator[dict[str, Any]]]:
-    def passthrough(items: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-        yield from items
+    tqdm = progress_bar()
 
-    if not progress_wanted():
-        return passthrough
-    try:
-        from tqdm import tqdm  # type: ignore[import-untyped,unused-ignore]
-    except ImportError:
-        return passthrough
+    def shown(items: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        if tqdm is None:
+            yield from items
+        else:
+            yield from tqdm(items, total=total, desc=desc, unit="log", delay=0.5, leave=False,
+                            file=sys.stderr)
 
-    def bar(items: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-        yield from tqdm(items, total=total, desc=desc, unit="log", delay=0.5,
-                        leave=False, file=sys.stderr)
-
-    return bar
+    return shown
 
 
 def check_archived(url: str) -> dict[str, Any]:

@@ -29,10 +29,6 @@ from ._inspect import journal_state, snapshot
 from ._model import JournalState, subject_of, time_of, turn_number
 
 
-def _t(data: dict[str, Any]) -> float | None:
-    return time_of(data.get("at"))
-
-
 def _span(start: float | None, end: float | None) -> float | None:
     return None if start is None or end is None else round(max(0.0, end - start), 3)
 
@@ -109,7 +105,7 @@ class Builder:
     def __call__(self, seq: int, data: Any) -> None:
         if not isinstance(data, dict):
             return
-        kind, t, eid = data.get("kind"), _t(data), subject_of(data)
+        kind, t, eid = data.get("kind"), time_of(data.get("at")), subject_of(data)
         if kind == "turn_started":
             self.turn(data.get("turn_sequence"), t)
         elif kind == "turn_completed":

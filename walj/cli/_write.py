@@ -31,17 +31,13 @@ from ._common import (
     short,
     write_lines,
 )
+from ._inspect import resolution_json
 from ._model import DEFAULT_WAIT, kind_of, known_ids, resolve_session, resolve_session_turn
 
 # --- resolve ---------------------------------------------------------------------------------
 
 _USAGE_REASONS = ("unknown", "bad_outcome", "bad_actor", "note_required")
 _WHOLE_ID = re.compile(r"[0-9a-f]{32}")  # an execution or LLM call id, given in full
-
-
-def _locked(path: str, exc: LockedError, what: str) -> CliError:
-    return CliError(f"refused: a live writer holds {path} ({exc.owner or 'owner unknown'}); "
-                    f"{what} only once it has stopped", EXIT_PROBLEMS)
 
 
 def _expand(prefix: str, candidates: set[str]) -> str:
@@ -108,15 +104,9 @@ def cmd_resolve(args: argparse.Namespace) -> int:
     if done.status == "queued":
         return _queued(args, done.request_id)
     resolution, after = done.resolution, done.recovery
-    settled = {
-        "kind": resolution.kind, "execution_id": resolution.execution_id,
-        "turn_sequence": resolution.turn_sequence, "tool": resolution.tool,
-        "outcome": resolution.outcome, "actor": resolution.actor, "note": resolution.note,
-        "at": resolution.at, "seq": resolution.seq,
-    }
     if args.json:
         emit_json({"schema": "walj.resolve/1", "path": path, "status": "applied",
-                   "request_id": done.request_id, "resolution": settled,
+                   "request_id": done.request_id, "resolution": resolution_json(resolution),
                    "blocked": after.blocked if after else None,
                    "blockers_left": len(after.blockers) if after else None})
         return EXIT_OK
@@ -191,7 +181,9 @@ def cmd_repair(args: argparse.Namespace) -> int:
         try:
             lock = WriterLock(DEFAULT_FS, path, 0)
         except LockedError as exc:
-            raise _locked(path, exc, "repair") from None
+            owner = exc.owner or "owner unknown"
+            raise CliError(f"refused: a live writer holds {path} ({owner}); repair only once "
+                           "it has stopped", EXIT_PROBLEMS) from None
     try:
         cuts, _ = plan_cuts(path)
         done: list[dict[str, Any]] = []

@@ -31,6 +31,7 @@ finished before the interrupt goes on.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
 import time
@@ -390,7 +391,5 @@ def _idle(entry: _Entry[Any]) -> bool:
 
 
 def _close_quietly(journal: walj.ToolJournal) -> None:
-    try:
+    with contextlib.suppress(walj.WaljError):  # the exception in flight says more
         journal.close()
-    except walj.WaljError:
-        pass  # the exception in flight says more

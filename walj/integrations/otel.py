@@ -135,12 +135,11 @@ class SpanObserver(ToolObserver):
             "walj.resolution.outcome": resolution.outcome,
             "walj.resolution.actor": resolution.actor,
         }
-        if resolution.execution_id is not None:
-            attributes["walj.execution_id"] = resolution.execution_id
-        if resolution.turn_sequence is not None:
-            attributes["walj.turn_sequence"] = resolution.turn_sequence
-        if resolution.tool is not None:
-            attributes[TOOL_NAME] = resolution.tool
+        for key, value in (("walj.execution_id", resolution.execution_id),
+                           ("walj.turn_sequence", resolution.turn_sequence),
+                           (TOOL_NAME, resolution.tool)):
+            if value is not None:
+                attributes[key] = value
         current = trace.get_current_span()
         if current.is_recording():
             current.add_event("walj.resolved", attributes)

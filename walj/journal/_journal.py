@@ -4,6 +4,7 @@ state and writes live in its Core."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -125,10 +126,8 @@ class ToolJournal:
                 _requests.watch(core)  # what other processes asked while none held it
             return cls(core)
         except BaseException:
-            try:
+            with contextlib.suppress(WaljError):  # the exception in flight says more
                 log.close()
-            except WaljError:
-                pass  # the exception in flight says more
             raise
 
     @classmethod
@@ -146,10 +145,8 @@ class ToolJournal:
                 journal._name_session(session_id)
             return journal
         except BaseException:
-            try:
+            with contextlib.suppress(WaljError):  # the exception in flight says more
                 journal.close()
-            except WaljError:
-                pass  # the exception in flight says more
             raise
 
     def _name_session(self, session_id: str) -> None:

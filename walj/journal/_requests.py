@@ -143,8 +143,7 @@ class Picker:
         record, the file removed, then the journal closed."""
         core = self.core
         actor, note = fields.get("actor"), fields.get("note")
-        _resolve.check_actor(actor)
-        _resolve.check_note(note)
+        _resolve.check_signature(actor, note)
         if moment == ON_OPEN:
             raise ResolutionError("no process held the journal: it was free when it was "
                                   "opened", reason="not_held")

@@ -52,8 +52,10 @@ def _actor_shape(actor: str) -> str:
                    if not ch.isspace() and unicodedata.category(ch) != "Cf")
 
 
-def check_note(note: Any) -> None:
-    """Refuse (note_required) a note that is neither a string nor None."""
+def check_signature(actor: Any, note: Any) -> None:
+    """What every resolution is signed with: refuse a bad actor (check_actor), then
+    (note_required) a note that is neither a string nor None."""
+    check_actor(actor)
     if note is not None and not isinstance(note, str):
         raise ResolutionError("note must be a string or None", reason="note_required")
 
@@ -81,8 +83,7 @@ def resolve(core: Core, execution_id: Any, outcome: Any, *, note: Any, actor: An
         raise ResolutionError(
             f"outcome must be one of {', '.join(RESOLVE_OUTCOMES)}, not {outcome!r}",
             reason="bad_outcome")
-    check_actor(actor)
-    check_note(note)
+    check_signature(actor, note)
     if outcome == "failed" and not (note and note.strip()):
         raise ResolutionError("a 'failed' resolution needs a note saying what failed",
                               reason="note_required")
@@ -121,8 +122,7 @@ def _resolve_cut(core: Core, quarantine_file: Any, outcome: Any, *, note: Any,
         raise ResolutionError(f"bytes cut from the log are resolved with outcome {REVIEWED!r}, "
                               f"once a person has looked at them, not {outcome!r}",
                               reason="bad_outcome")
-    check_actor(actor)
-    check_note(note)
+    check_signature(actor, note)
     if not (note and note.strip()):
         raise ResolutionError("resolving damage needs a note saying what the cut bytes held and "
                               "what was done about it", reason="note_required")
@@ -171,8 +171,7 @@ def _not_open(core: Core, execution_id: str) -> ResolutionError:
 def resolve_turn(core: Core, turn_sequence: Any, *, note: Any, actor: Any,
                  request: Request | None = None) -> Resolution:
     """A person's resolution of an interrupted turn; see ToolJournal.resolve_turn."""
-    check_actor(actor)
-    check_note(note)
+    check_signature(actor, note)
     if type(turn_sequence) is not int:
         raise ResolutionError(f"unknown turn {turn_sequence!r}", reason="unknown")
     with core.resolving(), core.writing():

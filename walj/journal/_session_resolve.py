@@ -22,7 +22,7 @@ from . import records as rc
 from ._damage import REVIEWED
 from ._records import Recovery, Resolution
 from ._requests import RELEASE, RESOLVE, RESOLVE_TURN, request_fields
-from ._resolve import RESOLVE_OUTCOMES, check_actor, check_note
+from ._resolve import RESOLVE_OUTCOMES, check_signature
 from ._writes import now
 from .state import rebuild
 
@@ -66,8 +66,7 @@ def resolve_session(path: str | os.PathLike[str], execution_id: str, outcome: st
         raise ResolutionError(f"outcome must be one of {', '.join(RESOLVE_OUTCOMES)} (or "
                               f"{REVIEWED!r} for a log cut), not {outcome!r}",
                               reason="bad_outcome")
-    check_actor(actor)
-    check_note(note)
+    check_signature(actor, note)
     if (outcome in ("failed", REVIEWED)) and not (note and note.strip()):
         raise ResolutionError(f"a {outcome!r} resolution needs a note saying what was found",
                               reason="note_required")
@@ -82,8 +81,7 @@ def resolve_session_turn(path: str | os.PathLike[str], turn_sequence: int, *,
                          wait: float = DEFAULT_WAIT) -> SessionResolution:
     """Resolve interrupted turn `turn_sequence` of the session in `path`, as
     ToolJournal.resolve_turn does; otherwise as resolve_session."""
-    check_actor(actor)
-    check_note(note)
+    check_signature(actor, note)
     if type(turn_sequence) is not int:
         raise ResolutionError(f"unknown turn {turn_sequence!r}", reason="unknown")
     return _ask(path, RESOLVE_TURN, turn_sequence, None, note, actor, wait,
@@ -97,8 +95,7 @@ def request_release(path: str | os.PathLike[str], *, actor: str, note: str | Non
     open it. "applied" once the lock is free (released, or no process held it); "refused"
     (`reason` release_not_enabled, ...) or "queued" (still busy, or not answering) otherwise.
     The lock is not taken: open the journal next (another opener may still come first)."""
-    check_actor(actor)
-    check_note(note)
+    check_signature(actor, note)
     seconds = _wait_seconds(wait)
     if not holds_log(path):
         raise FileNotFoundError(f"{os.fspath(path)!r} holds no walj log")

@@ -4,6 +4,7 @@ sync per write, group commit, interval syncs)."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import threading
@@ -14,7 +15,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..errors import ClosedError, DiskFullError, PoisonedError, WaljError
-from .fs import FileSystem
+from .fs import FileSystem, write_all
 
 GATHER_SECONDS = 0.001
 
@@ -24,6 +25,25 @@ def io_failure(directory: str, exc: OSError, doing: str) -> PoisonedError:
     if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
         return DiskFullError(f"disk full while {doing} {directory}: {exc}; reopen to recover")
     return PoisonedError(f"I/O failure while {doing} {directory}: {exc}; reopen to recover")
+
+
+def write_then_rename(fs: FileSystem, tmp: str, final: str, data: bytes, *,
+                      sync: bool) -> None:
+    """`data` written whole to `tmp` (synced with `sync`), then renamed over `final`, so a
+    reader finds the old file or the new one, never part of it; `tmp` is removed on failure."""
+    try:
+        fd = fs.create(tmp)
+        try:
+            write_all(fs, fd, data)
+            if sync:
+                fs.sync(fd)
+        finally:
+            fs.close(fd)
+        fs.rename(tmp, final)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            fs.unlink(tmp)
+        raise
 
 
 class WriterLock(Protocol):

@@ -9,6 +9,7 @@ symlink, never blocking on a FIFO), and reads at most REQUEST_LIMIT bytes of one
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -19,8 +20,9 @@ from typing import Any
 
 from .. import _codec
 from ..errors import CorruptionError, RecordTooLargeError, WaljError
+from ._durability import write_then_rename
 from .format import BODY_START, checksum_ok, frame, segment_index
-from .fs import DEFAULT_FS, FileSystem, read_regular, write_all
+from .fs import DEFAULT_FS, FileSystem, read_regular
 
 REQUESTS_DIR = "requests"
 REQUEST_SUFFIX = ".req"
@@ -76,20 +78,7 @@ def post(path: str | os.PathLike[str], fields: dict[str, Any], *,
                                   f"most {REQUEST_LIMIT} (a shorter note?)")
     directory = _ensure_dir(fs, os.fspath(path))
     tmp = os.path.join(directory, f".{request_id}.tmp")
-    try:
-        fd = fs.create(tmp)
-        try:
-            write_all(fs, fd, line)
-            fs.sync(fd)
-        finally:
-            fs.close(fd)
-        fs.rename(tmp, _file(path, request_id))
-    except BaseException:
-        try:
-            fs.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_then_rename(fs, tmp, _file(path, request_id), line, sync=True)
     fs.sync_dir(directory)
     return request_id
 
@@ -103,10 +92,8 @@ def _ensure_dir(fs: FileSystem, path: str) -> str:
     except FileNotFoundError:
         if not os.path.isdir(path):
             raise FileNotFoundError(errno.ENOENT, "no log directory", path) from None
-        try:
+        with contextlib.suppress(FileExistsError):  # another poster made it meanwhile
             fs.mkdir(directory)
-        except FileExistsError:
-            pass  # another poster made it meanwhile
         fs.sync_dir(path)
         st = fs.stat(directory)
     if not stat.S_ISDIR(st.st_mode):
@@ -168,7 +155,7 @@ def remove(path: str | os.PathLike[str], request_id: str, *,
     OSError: a request left behind is found again and its id is known by then."""
     directory = requests_dir(path)
     name = _file(path, request_id)
-    try:
+    with contextlib.suppress(OSError):
         try:
             fs.unlink(name)
         except FileNotFoundError:
@@ -176,8 +163,6 @@ def remove(path: str | os.PathLike[str], request_id: str, *,
         except (IsADirectoryError, PermissionError):
             fs.rename(name, os.path.join(directory, f".{request_id}.unremovable"))
         fs.sync_dir(directory)
-    except OSError:
-        pass
 
 
 def remove_stale(path: str | os.PathLike[str], older_than: float = STALE_SECONDS, *,
@@ -186,7 +171,7 @@ def remove_stale(path: str | os.PathLike[str], older_than: float = STALE_SECONDS
     they are `older_than` seconds old; the number removed. Never raises OSError."""
     directory = requests_dir(path)
     removed = 0
-    try:
+    with contextlib.suppress(OSError):
         with os.scandir(directory) as entries:
             stale = [e.name for e in entries if _TEMP.match(e.name)
                      and e.stat(follow_symlinks=False).st_mtime < time.time() - older_than]
@@ -195,8 +180,6 @@ def remove_stale(path: str | os.PathLike[str], older_than: float = STALE_SECONDS
             removed += 1
         if removed:
             fs.sync_dir(directory)
-    except OSError:
-        pass
     return removed
 
 

@@ -4,6 +4,7 @@ interrupt stopped."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import time
@@ -66,10 +67,8 @@ class Rotation:
         header = fmt.Header(fmt.FORMAT_VERSION, st.log_id, index, first_seq, prev_seal,
                             self._max_record, time.time())
         line = fmt.frame(header.body())
-        try:
+        with contextlib.suppress(FileNotFoundError):
             st.fs.unlink(tmp)
-        except FileNotFoundError:
-            pass
         fd = st.fs.create(tmp)
         try:
             write_all(st.fs, fd, line)

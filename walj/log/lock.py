@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -12,9 +13,9 @@ import time
 from typing import NamedTuple
 
 from ..errors import CorruptionError, LockedError
-from ._durability import io_failure
+from ._durability import io_failure, write_then_rename
 from .format import LOCK_NAME, OWNER_NAME
-from .fs import _CLOEXEC, _NOFOLLOW, FILE_MODE, FileSystem, read_regular, write_all
+from .fs import _CLOEXEC, _NOFOLLOW, FILE_MODE, FileSystem, read_regular
 
 __all__ = ["LOCK_NAME", "OWNER_NAME", "Owner", "WriterLock", "holds_lock", "owner_info",
            "read_owner"]
@@ -129,23 +130,10 @@ class WriterLock:
             "writer": self.writer_id,
         }
         tmp = os.path.join(directory, OWNER_NAME + ".tmp")
-        try:
+        with contextlib.suppress(FileNotFoundError):
             fs.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        try:
-            fd = fs.create(tmp)
-            try:
-                write_all(fs, fd, json.dumps(info).encode())
-            finally:
-                fs.close(fd)
-            fs.rename(tmp, os.path.join(directory, OWNER_NAME))
-        except BaseException:
-            try:
-                fs.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        write_then_rename(fs, tmp, os.path.join(directory, OWNER_NAME), json.dumps(info).encode(),
+                          sync=False)
 
     def still_held(self) -> str | None:
         """None while LOCK is the file this writer locked; else what happened to it. Deleting
