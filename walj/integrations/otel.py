@@ -2,7 +2,7 @@
 semantic conventions, and a span event per resolution.
 
 Enable it with one call, `undo = instrument(journal)`, or with one option,
-`ToolJournal.open(path, observers=[SpanObserver()])` (which also traces the settlements that
+`ToolJournal.open(path, observers=[SpanObserver()])` (which also traces the resolutions that
 reconcile hooks and policies make while the journal opens). Both take `tracer_provider`; without
 one, the global provider is used (a no-op until the application sets one).
 
@@ -151,7 +151,7 @@ class SpanObserver(ToolObserver):
 def instrument(journal: walj.ToolJournal, *,
                tracer_provider: trace.TracerProvider | None = None) -> Callable[[], None]:
     """Trace every later execution and resolution of `journal`; returns a function that stops
-    it (calling it again does nothing). Settlements made while the journal opened are not
+    it (calling it again does nothing). Resolutions made while the journal opened are not
     traced: for those, open it with `observers=[SpanObserver(...)]`."""
     if not isinstance(journal, walj.ToolJournal):
         raise TypeError(f"instrument takes a walj.ToolJournal, not {type(journal).__name__}")

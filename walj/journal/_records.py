@@ -83,7 +83,7 @@ class Cut:
 
 @dataclass(frozen=True)
 class Resolution:
-    """A durable settlement by a person, a policy or a reconcile hook."""
+    """A durable resolution by a person, a policy or a reconcile hook."""
 
     kind: str  # "execution", "turn", "llm_call" or "log_cut"
     execution_id: str | None

@@ -200,7 +200,7 @@ class JournalState(StateView):
         return value
 
     def _text(self, seq: int, record: Mapping[str, Any], key: str, default: Any = None) -> str:
-        """A field a settlement needs (outcome, actor): a string, else the record is refused."""
+        """A field a resolution needs (outcome, actor): a string, else the record is refused."""
         value = record.get(key, default)
         if not isinstance(value, str):
             raise CorruptionError(
@@ -325,7 +325,7 @@ class JournalState(StateView):
         execution = self.executions.get(execution_id)
         if execution is None:
             return
-        # Checked before the execution is closed: a malformed settlement settles nothing.
+        # Checked before the execution is closed: a malformed resolution settles nothing.
         outcome, actor = self._text(seq, record, "outcome"), self._text(seq, record, "actor")
         del self.executions[execution_id]
         self._close(execution, seq, outcome in r.SETTLED_RESOLUTIONS, finished=False)
