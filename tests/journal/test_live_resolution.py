@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import wait_until
 from journal_helpers import records
 
 import walj
@@ -312,11 +313,13 @@ def test_resolve_session_through_a_live_writer_applied_and_refused(tmp_path: Pat
         assert again.status == "refused" and again.reason == "already_resolved"
         turn = walj.resolve_session_turn(path, 99, note="n", actor="bob")
         assert turn.status == "refused" and turn.reason == "unknown"
+        # The holder removes each request file once its answer is durable, which an asker may
+        # see first: wait for the removal while the holder lives, then kill it.
+        assert wait_until(lambda: pending(path) == []), pending(path)
         assert holder.poll() is None
     finally:
         holder.kill()
         holder.wait()
-    assert pending(path) == []
 
 
 def test_a_queued_request_is_applied_once_the_writer_looks_again(tmp_path: Path) -> None:
