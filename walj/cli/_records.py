@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import os
 import re
 import signal
 import sys
@@ -225,7 +224,7 @@ class Follower:
         while True:
             seg = self.seg
             try:
-                if os.stat(seg.path).st_size < seg.valid_end:
+                if DEFAULT_FS.stat(seg.path).st_size < seg.valid_end:
                     self._cut_back()
                     continue
                 out += [r for r in seg.read_more() if r[0] >= self.next_seq]

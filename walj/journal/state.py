@@ -341,9 +341,10 @@ class JournalState(StateView):
             # Fail closed: a blocking flag that cannot be read must not read as "does not block".
             raise CorruptionError(f"journal record {seq} has blocks_dispatch {r.show(blocks)}, "
                                   "not a boolean", seq=seq, kind="journal_record")
-        self.llm_calls[self._id(seq, record)] = (record, seq)
+        call_id = self._id(seq, record)
+        self.llm_calls[call_id] = (record, seq)
         if blocks:
-            self.blocking_llm_calls.add(self._id(seq, record))
+            self.blocking_llm_calls.add(call_id)
 
     def _llm_finished(self, seq: int, record: Mapping[str, Any]) -> None:
         call_id = self._id(seq, record)
