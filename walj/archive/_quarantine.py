@@ -18,11 +18,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..log.format import MANIFEST, QUARANTINE_DIR
 from ..log.fs import DEFAULT_FS, open_regular
 from ..log.quarantine import (
-    MANIFEST,
     MANIFEST_LIMIT,
-    QUARANTINE_DIR,
     Quarantined,
     check_quarantine_dir,
     manifest_entries,

@@ -19,8 +19,7 @@ from dataclasses import dataclass, field
 
 from ..log import BASE_NAME
 from ..log import format as fmt
-from ..log.lock import LOCK_NAME, OWNER_NAME
-from ..log.quarantine import QUARANTINE_DIR
+from ..log.format import LOCK_NAME, OWNER_NAME, QUARANTINE_DIR
 
 TOMBSTONE_PREFIX = ".walj-pruning-"  # a session renamed so, under its lock, is being deleted
 REQUESTS_DIR = "requests"  # resolution requests from the CLI to a live writer, when pending

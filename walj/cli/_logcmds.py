@@ -12,8 +12,8 @@ from typing import Any
 from ..archive import is_url
 from ..errors import CorruptionError
 from ..log import format as fmt
+from ..log.format import MANIFEST, QUARANTINE_DIR
 from ..log.fs import open_regular
-from ..log.quarantine import MANIFEST, QUARANTINE_DIR
 from ..log.segment import Problem
 from ._common import (
     EXIT_OK,

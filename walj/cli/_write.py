@@ -12,9 +12,10 @@ from typing import Any
 
 from ..errors import CorruptionError, LockedError, RecordTooLargeError, ResolutionError
 from ..log import REQUESTS_DIR
+from ..log.format import QUARANTINE_DIR
 from ..log.fs import DEFAULT_FS
 from ..log.lock import read_owner
-from ..log.quarantine import QUARANTINE_DIR, cut_segment
+from ..log.quarantine import cut_segment
 from ..log.scan import LogScan
 from ._common import (
     EXIT_OK,

@@ -17,8 +17,7 @@ from ._durability import io_failure, write_then_rename
 from .format import LOCK_NAME, OWNER_NAME
 from .fs import _CLOEXEC, _NOFOLLOW, FILE_MODE, FileSystem, read_regular
 
-__all__ = ["LOCK_NAME", "OWNER_NAME", "Owner", "WriterLock", "holds_lock", "owner_info",
-           "read_owner"]
+__all__ = ["Owner", "WriterLock", "holds_lock", "owner_info", "read_owner"]
 
 
 _open_dirs: dict[tuple[int, int], tuple[str, object]] = {}

@@ -17,9 +17,8 @@ from .fs import DEFAULT_FS, FileSystem, read_regular, refuse_hard_link, write_al
 from .lines import CHUNK_BYTES, LineReader
 from .segment import TAIL_KINDS
 
-__all__ = ["MANIFEST", "MANIFEST_LIMIT", "QUARANTINE_DIR", "CutLine", "Quarantined",
-           "check_quarantine_dir", "cut_lines", "cut_segment", "manifest_entries",
-           "manifest_entry", "plain_name", "read_manifest"]
+__all__ = ["MANIFEST_LIMIT", "CutLine", "Quarantined", "check_quarantine_dir", "cut_lines",
+           "cut_segment", "manifest_entries", "manifest_entry", "plain_name", "read_manifest"]
 
 # A manifest holds one short line per cut; more than this is not a manifest walj wrote.
 MANIFEST_LIMIT = 64 << 20
