@@ -4,8 +4,9 @@ Usage: bench_child.py COMMAND ARGS...; prints one JSON object on stdout.
   build-log DIR DB N       write N records to a walj log and the same rows to SQLite (unsynced)
   build-journal DIR DB N   write a journal of about N records (fsync disabled), same rows to SQLite
   log-open DIR             time Log.open + close (checksums, no JSON), then walj.read (decoded)
-  checkpoint-journal SRC DST N   copy the journal SRC to DST, write a checkpoint, then about
-                           N records after it (fsync disabled)
+  checkpoint-journal SRC DST N [CALLS]   copy the journal SRC to DST, settle CALLS calls with
+                           caller-given call ids (default 0), write a checkpoint, then about N
+                           records after it (fsync disabled)
   journal-open DIR         time ToolJournal.open (state rebuilt) + close, then Log.open + close
                            of the same directory (its checksum scan alone)
   sqlite-scan DB           time SELECT of every row (no decode), then SELECT + decode, with the
@@ -91,8 +92,9 @@ def _no_checkpoints(walj: Any) -> dict[str, Any]:
     return {"checkpoint_every": None} if "checkpoint_every" in params else {}
 
 
-def checkpoint_journal(src: Path, dst: Path, n: int) -> dict[str, Any]:
-    """A copy of `src` with a checkpoint at its end, then about `n` more records."""
+def checkpoint_journal(src: Path, dst: Path, n: int, calls: int = 0) -> dict[str, Any]:
+    """A copy of `src` with `calls` settled caller-given call ids (the replay window carries the
+    newest of them), a checkpoint, then about `n` more records."""
     import shutil
 
     os.fsync = lambda fd: None  # building only, as in build_journal
@@ -106,6 +108,10 @@ def checkpoint_journal(src: Path, dst: Path, n: int) -> dict[str, Any]:
     journal = walj.ToolJournal.open(dst, tools={"noop": _noop}, sync="never",
                                     **_no_checkpoints(walj))
     try:
+        for start in range(0, calls, 10):
+            with journal.turn() as turn:
+                for k in range(start, min(calls, start + 10)):
+                    turn.dispatch("noop", {"k": k, "q": "x" * 64}, call_id=f"call-{k:08d}")
         before = journal.recovery.records
         journal.checkpoint()
         t = 0
@@ -117,7 +123,7 @@ def checkpoint_journal(src: Path, dst: Path, n: int) -> dict[str, Any]:
         after = journal.recovery.records - before
     finally:
         journal.close()
-    return {"records_before": before, "records_after": after}
+    return {"records_before": before, "records_after": after, "settled_calls": calls}
 
 
 def log_open(path: Path) -> dict[str, Any]:
@@ -202,7 +208,8 @@ def main(argv: list[str]) -> int:
     elif cmd == "build-journal":
         out = build_journal(Path(args[0]), Path(args[1]), int(args[2]))
     elif cmd == "checkpoint-journal":
-        out = checkpoint_journal(Path(args[0]), Path(args[1]), int(args[2]))
+        out = checkpoint_journal(Path(args[0]), Path(args[1]), int(args[2]),
+                                 int(args[3]) if len(args) > 3 else 0)
     elif cmd == "log-open":
         out = log_open(Path(args[0]))
     elif cmd == "journal-open":

@@ -1,6 +1,7 @@
 """Reading checkpoints: a rebuild that starts at the last checkpoint instead of the first
 record takes the state from its parts (written by _checkpoint_parts). Standard library only
-(the forensic tool reads them too). The record's fields are in docs/RECOVERY.md,
+(the forensic tool reads them too); with msgspec, a part in its written form is decoded by
+typed decoders (decode_checkpoint). The record's fields are in docs/RECOVERY.md,
 "Checkpoints"."""
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ import zlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from .. import _codec
 from ..errors import CorruptionError
 from ._openwork import OpenExecution, OpenTurn
 from ._records import Cut, Resolution
-from .records import decode_record, show, turn_number
+from .records import CHECKPOINT, decode_record, show, turn_number
 
 # The state is a state.JournalState, typed `Any` here: that module imports this one.
 JournalState = Any
@@ -48,6 +50,92 @@ def settling_record(record: Mapping[str, Any], call_id: str) -> tuple[dict[str, 
         if at < len(seqs) and at < len(texts) and type(seqs[at]) is int:
             return _decoded({"settling": texts[at]}, "settling", 0), seqs[at]
     return None
+
+
+# --- decoding a part in its written form ---------------------------------------------------------
+#
+# The result is the record the general decoder gives (records.decode_object), with each
+# settled_calls item a SettledColumns. Anything else (no msgspec, another shape, bad JSON,
+# nesting to be measured) gives None: the record takes the general path, which refuses it
+# exactly.
+
+try:  # the forensic zipapp runs without msgspec: every record then takes the general path
+    import msgspec
+except ImportError:  # pragma: no cover - exercised by the zipapp tests
+    msgspec = None  # type: ignore[assignment]
+
+# The item's key is written first (docs/RECOVERY.md, "Checkpoints").
+_SETTLED_PREFIX = b'{"item":"settled_calls",'
+_KIND_PREFIX = b'{"kind":"%s",' % CHECKPOINT.encode()
+# A record nests the items list in itself and each item in that list.
+_ITEM_DEPTH = _codec.MAX_DEPTH - 2
+_FIELD_DEPTH = _codec.MAX_DEPTH - 1
+
+
+class SettledColumns(dict[str, Any]):
+    """A settled_calls item as decoded here: call_ids, arguments_sha256 and settlings are
+    lists of str, settled_seqs a list of int (their lengths and values still to be checked)."""
+
+    __slots__ = ()
+
+
+if msgspec is not None:
+
+    class _Columns(msgspec.Struct, forbid_unknown_fields=True):
+        item: str
+        call_ids: list[str]
+        arguments_sha256: list[str]
+        settled_seqs: list[int]
+        settlings: list[str]
+
+    _fields = msgspec.json.Decoder(dict[str, msgspec.Raw]).decode
+    _items = msgspec.json.Decoder(list[msgspec.Raw]).decode
+    _columns = msgspec.json.Decoder(_Columns).decode
+    _ERRORS: tuple[type[Exception], ...] = (msgspec.DecodeError, RecursionError, ValueError)
+
+
+def _general(data: bytes, depth: int) -> tuple[Any, bool]:
+    """A value decoded as the general decoder does, and whether it nests at most `depth`."""
+    value = _codec.decode(data)
+    if data.count(b"[") + data.count(b"{") > depth and _codec._depth(value) > depth:
+        return value, False
+    return value, True
+
+
+def _item(raw: msgspec.Raw) -> Any:
+    """One item of the items list, or None when the general path must take the record."""
+    data = bytes(raw)
+    if data.startswith(_SETTLED_PREFIX):
+        found = _columns(data)
+        return SettledColumns(item=found.item, call_ids=found.call_ids,
+                              arguments_sha256=found.arguments_sha256,
+                              settled_seqs=found.settled_seqs, settlings=found.settlings)
+    value, shallow = _general(data, _ITEM_DEPTH)
+    return value if shallow and isinstance(value, dict) else None
+
+
+def decode_checkpoint(data: bytes) -> dict[str, Any] | None:
+    """The checkpoint record `data` decoded, or None when it is not in its written form (or
+    anything in it is not what a checkpoint writes): the general decoder then reads it."""
+    if msgspec is None or not data.startswith(_KIND_PREFIX):
+        return None
+    try:
+        fields = _fields(data)
+        record: dict[str, Any] = {}
+        for key, raw in fields.items():
+            if key == "items":
+                items = [_item(item) for item in _items(raw)]
+                if None in items:
+                    return None
+                record[key] = items
+                continue
+            value, shallow = _general(bytes(raw), _FIELD_DEPTH)
+            if not shallow:
+                return None
+            record[key] = value
+        return record
+    except _ERRORS:
+        return None
 
 
 # --- reading -------------------------------------------------------------------------------------
@@ -236,18 +324,10 @@ class CheckpointLoad:
             _get(item, "seq", seq, _int, "a seq"), item.get("output")))
 
     def _settled_calls(self, state: JournalState, seq: int, item: Mapping[str, Any]) -> None:
-        call_ids = _get(item, "call_ids", seq, _strs, "a list of call ids")
-        count = len(call_ids)
-        shas = _get(item, "arguments_sha256", seq,
-                    lambda v: _strs(v) and len(v) == count, f"{count} digests")
-        _get(item, "settled_seqs", seq, lambda v: isinstance(v, list) and len(v) == count
-             and all(type(x) is int and x > 0 for x in v), f"{count} seqs")
         # The settling records' text is decoded only when a call is replayed.
-        _get(item, "settlings", seq, lambda v: _strs(v) and len(v) == count,
-             f"{count} records' JSON text")
-        settle = state.calls.settle
-        for call_id, sha in zip(call_ids, shas, strict=True):
-            settle(call_id, sha, seq)
+        if not _well_formed(item):
+            _check_settled(item, seq)  # raises, naming the first column that is not
+        state.calls.settle_many(item["call_ids"], item["arguments_sha256"], seq)
 
     def _applied_requests(self, state: JournalState, seq: int,
                           item: Mapping[str, Any]) -> None:
@@ -261,6 +341,31 @@ class CheckpointLoad:
                                             validate=True)
         except (binascii.Error, ValueError) as exc:
             raise _bad(seq, f"carries filter bytes that are not base64: {exc}") from None
+
+
+def _well_formed(item: Mapping[str, Any]) -> bool:
+    """A settled_calls item whose columns the typed decoder read (each of its type) is checked
+    in a few C-level calls: ids and texts not empty, seqs positive, the lengths equal."""
+    if type(item) is not SettledColumns:
+        return False
+    call_ids, seqs = item["call_ids"], item["settled_seqs"]
+    count = len(call_ids)
+    return (all(call_ids) and len(item["arguments_sha256"]) == count
+            and all(item["arguments_sha256"]) and len(seqs) == count
+            and (not seqs or min(seqs) > 0) and len(item["settlings"]) == count
+            and all(item["settlings"]))
+
+
+def _check_settled(item: Mapping[str, Any], seq: int) -> None:
+    """A settled_calls item checked column by column: CorruptionError for the first bad one."""
+    call_ids = _get(item, "call_ids", seq, _strs, "a list of call ids")
+    count = len(call_ids)
+    _get(item, "arguments_sha256", seq, lambda v: _strs(v) and len(v) == count,
+         f"{count} digests")
+    _get(item, "settled_seqs", seq, lambda v: isinstance(v, list) and len(v) == count
+         and all(type(x) is int and x > 0 for x in v), f"{count} seqs")
+    _get(item, "settlings", seq, lambda v: _strs(v) and len(v) == count,
+         f"{count} records' JSON text")
 
 
 _LOADERS: dict[str, Callable[[CheckpointLoad, JournalState, int, Mapping[str, Any]], None]] = {

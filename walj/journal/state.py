@@ -13,7 +13,7 @@ from ..errors import CorruptionError, UnsupportedVersionError
 from . import records as r
 from ._applied import AppliedRequests
 from ._callindex import DEFAULT_REPLAY_WINDOW, CallIndex
-from ._checkpoint import CheckpointLoad, header
+from ._checkpoint import CheckpointLoad, decode_checkpoint, header
 from ._damage import CutLedger, unrecorded
 from ._openwork import OpenExecution, OpenTurn
 from ._records import Resolution
@@ -115,7 +115,7 @@ class JournalState(StateView):
                 return
         elif self._peeked_turn(seq, data):
             return
-        self._feed(seq, r.decode_object(seq, data))
+        self._feed(seq, decode_checkpoint(data) or r.decode_object(seq, data))
 
     def _feed_decoded(self, seq: int, record: Any) -> None:
         if self._gate and isinstance(record, dict):
