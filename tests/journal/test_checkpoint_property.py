@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import walj
 from walj.journal import records as rc
-from walj.journal._checkpoint import settling_record
+from walj.journal._checkpoint_parts import settling_record
 from walj.journal.state import JournalState, rebuild
 
 

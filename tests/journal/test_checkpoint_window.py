@@ -5,7 +5,9 @@ checkpoint record refuses (or accepts) every record exactly as the general decod
 
 from __future__ import annotations
 
+import base64
 import json
+import zlib
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -125,6 +127,13 @@ def _settled(data: dict[str, Any]) -> dict[str, Any]:
     return next(i for i in data["items"] if i["item"] == "settled_calls")
 
 
+def _unpacked(data: dict[str, Any]) -> dict[str, Any]:
+    """The settled calls item turned into the shape written before settlings were packed."""
+    item = _settled(data)
+    item["settlings"] = json.loads(zlib.decompress(base64.b64decode(item.pop("settlings_zlib"))))
+    return item
+
+
 def _deep(levels: int) -> Any:
     value: Any = 0
     for _ in range(levels):
@@ -144,8 +153,14 @@ CHANGES = {
     "id_repeated": lambda d: _settled(d)["call_ids"].__setitem__(1, "call-0"),
     "sha_missing": lambda d: _settled(d).pop("arguments_sha256"),
     "sha_short": lambda d: _settled(d)["arguments_sha256"].pop(),
-    "settling_empty": lambda d: _settled(d)["settlings"].__setitem__(2, ""),
-    "settlings_short": lambda d: _settled(d)["settlings"].pop(),
+    "packed_empty": lambda d: _settled(d).update(settlings_zlib=""),
+    "packed_number": lambda d: _settled(d).update(settlings_zlib=5),
+    "packed_and_unpacked": lambda d: _settled(d).update(settlings=["{}"]),
+    "unpacked": _unpacked,
+    "unpacked_empty": lambda d: _unpacked(d)["settlings"].__setitem__(2, ""),
+    "unpacked_short": lambda d: _unpacked(d)["settlings"].pop(),
+    "unpacked_number": lambda d: _unpacked(d)["settlings"].__setitem__(1, 3),
+    "neither": lambda d: _settled(d).pop("settlings_zlib"),
     "extra_field": lambda d: _settled(d).update(extra=1),
     "extra_field_deep": lambda d: _settled(d).update(extra=_deep(MAX_DEPTH - 3)),
     "extra_field_too_deep": lambda d: _settled(d).update(extra=_deep(MAX_DEPTH)),
@@ -185,8 +200,75 @@ def test_the_typed_decoder_refuses_a_checkpoint_as_the_general_one(
 def test_a_settling_text_that_is_not_utf8_is_refused_as_before(
         tmp_path: Path, change: bytes) -> None:
     seq, data = _checkpoint_record(tmp_path)
-    _settled(data)["settlings"][0] = "MARK"
+    _unpacked(data)["settlings"][0] = "MARK"
     raw = json.dumps(data, separators=(",", ":")).encode().replace(b'"MARK"', change)
     typed = _outcome(lambda state, s: state.feed(s, raw), seq)
     general = _outcome(lambda state, s: state._feed(s, rc.decode_object(s, raw)), seq)
     assert typed == general
+
+
+# --- the settling records, packed, and the shape written before ---------------------------------
+
+def _rewrite_checkpoint(path: Path, change: Any) -> int:
+    """Apply `change` to every checkpoint part in the log, checksums redone; how many."""
+    from walj.log import format as fmt
+
+    rewritten = 0
+    for segment in sorted(path.glob("seg-*.jsonl")):
+        lines = segment.read_bytes().split(b"\n")
+        for number, line in enumerate(lines):
+            if b'"kind":"checkpoint"' not in line:
+                continue
+            framed = json.loads(line)
+            change(framed["data"])
+            body = json.dumps({"seq": framed["seq"], "data": framed["data"]},
+                              separators=(",", ":"))
+            lines[number] = fmt.frame(body[1:].encode())
+            rewritten += 1
+        segment.write_bytes(b"\n".join(lines))
+    return rewritten
+
+
+def _compacted(path: Path, runs: list[int]) -> dict[str, Any]:
+    def counted(**arguments: Any) -> dict[str, Any]:
+        runs.append(arguments["v"])
+        return {"echo": arguments}
+
+    options = {"tools": {"ok": counted}, "store_outputs": True, "sync": "never",
+               "segment_bytes": 2048, "checkpoint_every": None}
+    with walj.ToolJournal.open(path, **options) as journal:
+        for number in range(5):
+            _dispatch(journal, f"call-{number}", number)
+        journal.compact()
+    return options
+
+
+def test_a_checkpoint_written_before_settlings_were_packed_still_opens_and_replays(
+        tmp_path: Path) -> None:
+    path, runs = tmp_path / "s", []
+    options = _compacted(path, runs)
+    assert _rewrite_checkpoint(path, lambda data: [
+        _unpacked(data) for item in data["items"] if item["item"] == "settled_calls"]) == 1
+    assert b"settlings_zlib" not in b"".join(p.read_bytes() for p in path.glob("seg-*"))
+    with walj.ToolJournal.open(path, **options) as journal:
+        assert journal._core.log.first_seq > 1  # the settling records are only in the checkpoint
+        replayed = _dispatch(journal, "call-2", 2)
+        differs = _dispatch(journal, "call-3", 99)
+    assert replayed.replayed and replayed.output == {"echo": {"v": 2}}
+    assert differs.outcome == "refused" and not differs.replayed
+    assert runs == [0, 1, 2, 3, 4]
+
+
+def test_packed_settlings_that_cannot_be_read_refuse_the_replay_and_run_nothing(
+        tmp_path: Path) -> None:
+    path, runs = tmp_path / "s", []
+    options = _compacted(path, runs)
+    garbage = base64.b64encode(zlib.compress(b'["not", "five"]')).decode()
+    assert _rewrite_checkpoint(path, lambda data: [
+        item.update(settlings_zlib=garbage) for item in data["items"]
+        if item["item"] == "settled_calls"]) == 1
+    with walj.ToolJournal.open(path, **options) as journal:  # read when a call is replayed
+        with pytest.raises(walj.CorruptionError, match="settlings"), journal.turn() as turn:
+            turn.dispatch("ok", {"v": 2}, call_id="call-2")
+        fresh = _dispatch(journal, "new-call", 7)
+    assert fresh.outcome == "ok" and runs == [0, 1, 2, 3, 4, 7]

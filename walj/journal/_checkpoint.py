@@ -34,24 +34,6 @@ class IncompleteCheckpointError(CorruptionError):
         self.checkpoint_id = checkpoint_id
 
 
-def settling_record(record: Mapping[str, Any], call_id: str) -> tuple[dict[str, Any], int] | None:
-    """When `record` is a checkpoint part: the settling record it carries for `call_id`, and
-    the seq that record had; None when it carries none."""
-    items = record.get("items")
-    for item in items if isinstance(items, list) else ():
-        if not (isinstance(item, dict) and item.get("item") == "settled_calls"):
-            continue
-        call_ids, seqs, texts = (item.get("call_ids"), item.get("settled_seqs"),
-                                 item.get("settlings"))
-        if not (isinstance(call_ids, list) and isinstance(seqs, list)
-                and isinstance(texts, list) and call_id in call_ids):
-            continue
-        at = call_ids.index(call_id)
-        if at < len(seqs) and at < len(texts) and type(seqs[at]) is int:
-            return _decoded({"settling": texts[at]}, "settling", 0), seqs[at]
-    return None
-
-
 # --- decoding a part in its written form ---------------------------------------------------------
 #
 # The result is the record the general decoder gives (records.decode_object), with each
@@ -69,27 +51,37 @@ _SETTLED_PREFIX = b'{"item":"settled_calls",'
 _KIND_PREFIX = b'{"kind":"%s",' % CHECKPOINT.encode()
 # A record nests the items list in itself and each item in that list.
 _ITEM_DEPTH = _codec.MAX_DEPTH - 2
-_FIELD_DEPTH = _codec.MAX_DEPTH - 1
 
 
 class SettledColumns(dict[str, Any]):
-    """A settled_calls item as decoded here: call_ids, arguments_sha256 and settlings are
-    lists of str, settled_seqs a list of int (their lengths and values still to be checked)."""
+    """A settled_calls item as decoded here: call_ids, arguments_sha256 and settlings (when
+    present) are lists of str, settlings_zlib (when present) a str, settled_seqs a list of
+    int (their lengths and values still to be checked)."""
 
     __slots__ = ()
 
 
 if msgspec is not None:
 
+    class _Part(msgspec.Struct, forbid_unknown_fields=True):
+        kind: str
+        version: int
+        checkpoint_id: str
+        part: int
+        parts: int
+        at: int | float | None
+        items: list[msgspec.Raw]
+        synced_through: int | None | msgspec.UnsetType = msgspec.UNSET
+
     class _Columns(msgspec.Struct, forbid_unknown_fields=True):
         item: str
         call_ids: list[str]
         arguments_sha256: list[str]
         settled_seqs: list[int]
-        settlings: list[str]
+        settlings: list[str] | msgspec.UnsetType = msgspec.UNSET
+        settlings_zlib: str | msgspec.UnsetType = msgspec.UNSET
 
-    _fields = msgspec.json.Decoder(dict[str, msgspec.Raw]).decode
-    _items = msgspec.json.Decoder(list[msgspec.Raw]).decode
+    _part = msgspec.json.Decoder(_Part).decode
     _columns = msgspec.json.Decoder(_Columns).decode
     _ERRORS: tuple[type[Exception], ...] = (msgspec.DecodeError, RecursionError, ValueError)
 
@@ -104,13 +96,17 @@ def _general(data: bytes, depth: int) -> tuple[Any, bool]:
 
 def _item(raw: msgspec.Raw) -> Any:
     """One item of the items list, or None when the general path must take the record."""
-    data = bytes(raw)
-    if data.startswith(_SETTLED_PREFIX):
-        found = _columns(data)
-        return SettledColumns(item=found.item, call_ids=found.call_ids,
-                              arguments_sha256=found.arguments_sha256,
-                              settled_seqs=found.settled_seqs, settlings=found.settlings)
-    value, shallow = _general(data, _ITEM_DEPTH)
+    if memoryview(raw)[:len(_SETTLED_PREFIX)] == _SETTLED_PREFIX:
+        found = _columns(raw)
+        columns = SettledColumns(item=found.item, call_ids=found.call_ids,
+                                 arguments_sha256=found.arguments_sha256,
+                                 settled_seqs=found.settled_seqs)
+        if found.settlings is not msgspec.UNSET:
+            columns["settlings"] = found.settlings
+        if found.settlings_zlib is not msgspec.UNSET:
+            columns["settlings_zlib"] = found.settlings_zlib
+        return columns
+    value, shallow = _general(bytes(raw), _ITEM_DEPTH)
     return value if shallow and isinstance(value, dict) else None
 
 
@@ -120,22 +116,17 @@ def decode_checkpoint(data: bytes) -> dict[str, Any] | None:
     if msgspec is None or not data.startswith(_KIND_PREFIX):
         return None
     try:
-        fields = _fields(data)
-        record: dict[str, Any] = {}
-        for key, raw in fields.items():
-            if key == "items":
-                items = [_item(item) for item in _items(raw)]
-                if None in items:
-                    return None
-                record[key] = items
-                continue
-            value, shallow = _general(bytes(raw), _FIELD_DEPTH)
-            if not shallow:
-                return None
-            record[key] = value
-        return record
+        part = _part(data)
+        items = [_item(item) for item in part.items]
     except _ERRORS:
         return None
+    if None in items:
+        return None
+    record = {"kind": part.kind, "version": part.version, "checkpoint_id": part.checkpoint_id,
+              "part": part.part, "parts": part.parts, "at": part.at, "items": items}
+    if part.synced_through is not msgspec.UNSET:
+        record["synced_through"] = part.synced_through
+    return record
 
 
 # --- reading -------------------------------------------------------------------------------------
@@ -350,22 +341,30 @@ def _well_formed(item: Mapping[str, Any]) -> bool:
         return False
     call_ids, seqs = item["call_ids"], item["settled_seqs"]
     count = len(call_ids)
+    if "settlings_zlib" in item:
+        texts = item["settlings_zlib"] != ""
+    else:
+        settlings = item.get("settlings")
+        texts = settlings is not None and len(settlings) == count and all(settlings)
     return (all(call_ids) and len(item["arguments_sha256"]) == count
             and all(item["arguments_sha256"]) and len(seqs) == count
-            and (not seqs or min(seqs) > 0) and len(item["settlings"]) == count
-            and all(item["settlings"]))
+            and (not seqs or min(seqs) > 0) and texts)
 
 
 def _check_settled(item: Mapping[str, Any], seq: int) -> None:
-    """A settled_calls item checked column by column: CorruptionError for the first bad one."""
+    """A settled_calls item checked column by column: CorruptionError for the first bad one.
+    Packed settling records are unpacked and checked when a call is replayed."""
     call_ids = _get(item, "call_ids", seq, _strs, "a list of call ids")
     count = len(call_ids)
     _get(item, "arguments_sha256", seq, lambda v: _strs(v) and len(v) == count,
          f"{count} digests")
     _get(item, "settled_seqs", seq, lambda v: isinstance(v, list) and len(v) == count
          and all(type(x) is int and x > 0 for x in v), f"{count} seqs")
-    _get(item, "settlings", seq, lambda v: _strs(v) and len(v) == count,
-         f"{count} records' JSON text")
+    if "settlings_zlib" in item:
+        _get(item, "settlings_zlib", seq, _str, f"{count} records' JSON text, packed")
+    else:
+        _get(item, "settlings", seq, lambda v: _strs(v) and len(v) == count,
+             f"{count} records' JSON text")
 
 
 _LOADERS: dict[str, Callable[[CheckpointLoad, JournalState, int, Mapping[str, Any]], None]] = {

@@ -1,19 +1,21 @@
 """Writing checkpoints: the journal's state as `checkpoint` records, each within the log's
-record limit (read back by _checkpoint). The record's fields are in docs/RECOVERY.md,
-"Checkpoints"."""
+record limit (read back by _checkpoint), and reading back the settling records they carry
+(replay, compaction). The record's fields are in docs/RECOVERY.md, "Checkpoints"."""
 
 from __future__ import annotations
 
 import base64
+import binascii
 import secrets
 import zlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import asdict
 from typing import Any
 
 from .. import _codec
 from ..errors import RecordTooLargeError
 from . import records as r
+from ._checkpoint import _bad, _decoded, _get, _str, _strs
 
 # The state is a state.JournalState, typed `Any` here: that module imports this one.
 JournalState = Any
@@ -129,9 +131,68 @@ def _settled_chunks(settled: Iterable[tuple[str, str, int, str]],
 
 
 def _settled_item(chunk: list[tuple[str, str, int, str]]) -> dict[str, Any]:
+    # The settling records are read only when a call is replayed: packed, an open reads and
+    # checks a third of the bytes (they are alike, and compress about tenfold).
+    texts = _codec.encode([e[3] for e in chunk])
     return {"item": "settled_calls", "call_ids": [e[0] for e in chunk],
             "arguments_sha256": [e[1] for e in chunk], "settled_seqs": [e[2] for e in chunk],
-            "settlings": [e[3] for e in chunk]}
+            "settlings_zlib": base64.b64encode(zlib.compress(texts, 6)).decode()}
+
+
+# --- reading back what a part carries for replay ---------------------------------------------
+
+def settling_record(record: Mapping[str, Any], call_id: str) -> tuple[dict[str, Any], int] | None:
+    """When `record` is a checkpoint part: the settling record it carries for `call_id`, and
+    the seq that record had; None when it carries none."""
+    return carried_settlings(record, (call_id,)).get(call_id)
+
+
+def carried_settlings(record: Mapping[str, Any], call_ids: Collection[str]
+                      ) -> dict[str, tuple[dict[str, Any], int]]:
+    """When `record` is a checkpoint part: for each of `call_ids` it carries, the settling
+    record and the seq that record had (each item's packed texts unpacked once).
+    CorruptionError when a settling record it carries cannot be read."""
+    wanted = set(call_ids)
+    found: dict[str, tuple[dict[str, Any], int]] = {}
+    items = record.get("items")
+    for item in items if isinstance(items, list) else ():
+        if not (isinstance(item, dict) and item.get("item") == "settled_calls"):
+            continue
+        ids: Any = item.get("call_ids")
+        seqs: Any = item.get("settled_seqs")
+        places = _places(ids, wanted, found) if isinstance(ids, list) else {}
+        texts = _settlings(item, len(ids)) if places and isinstance(seqs, list) else None
+        if not isinstance(texts, list):
+            continue
+        for carried, at in places.items():
+            if at < len(seqs) and at < len(texts) and type(seqs[at]) is int:
+                found[carried] = (_decoded({"settling": texts[at]}, "settling", 0), seqs[at])
+    return found
+
+
+def _places(ids: list[Any], wanted: set[str], found: Mapping[str, Any]) -> dict[str, int]:
+    """Where each wanted call id not found yet first stands among `ids`."""
+    places: dict[str, int] = {}
+    for at, carried in enumerate(ids):
+        if type(carried) is str and carried in wanted and carried not in found:
+            places.setdefault(carried, at)  # the first place, as the open reads it
+    return places
+
+
+def _settlings(item: Mapping[str, Any], count: int) -> Any:
+    """A settled_calls item's settling records' texts: its `settlings` as written before they
+    were packed, or its `settlings_zlib` unpacked (CorruptionError when that cannot be read)."""
+    if "settlings_zlib" not in item:
+        return item.get("settlings")
+    try:
+        packed = _get(item, "settlings_zlib", 0, _str, "packed text")
+        texts = r.decode_record(zlib.decompress(base64.b64decode(packed, validate=True)))
+    except (binascii.Error, zlib.error, ValueError) as exc:
+        raise _bad(0, f"carries settlings that cannot be read: {exc}") from None
+    if not (_strs(texts) and len(texts) == count):
+        raise _bad(0, f"carries settlings that are not {count} records' JSON text")
+    return texts
+
 
 
 def build_parts(state: JournalState, settling: Mapping[str, tuple[dict[str, Any], int]],

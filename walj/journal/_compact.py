@@ -14,8 +14,7 @@ from ..errors import CorruptionError, RecordTooLargeError, WaljError
 from ..log import Record, read
 from . import _writes
 from . import records as rc
-from ._checkpoint import settling_record
-from ._checkpoint_parts import build_parts
+from ._checkpoint_parts import build_parts, carried_settlings
 from .records import time_of
 from .state import MAX_KEEP_TURNS
 
@@ -57,13 +56,10 @@ def settling_records(core: Core, settled: list[tuple[str, int]]
         for record in records:
             call_ids = wanted.pop(record.seq, None)
             if call_ids is not None and isinstance(record.data, dict):
-                for call_id in call_ids:
-                    if record.data.get("kind") == rc.CHECKPOINT:
-                        carried = settling_record(record.data, call_id)
-                        if carried is not None:
-                            found[call_id] = carried
-                    else:
-                        found[call_id] = (record.data, record.seq)
+                if record.data.get("kind") == rc.CHECKPOINT:
+                    found.update(carried_settlings(record.data, call_ids))
+                else:
+                    found.update(dict.fromkeys(call_ids, (record.data, record.seq)))
             if not wanted or record.seq >= last:
                 break
     finally:
