@@ -17,6 +17,7 @@ DEFAULT_REPLAY_WINDOW = 10_000
 # to the next open (Python's own str hash is salted per process).
 _FILTER_BITS = 2**23
 _FILTER_MASK = _FILTER_BITS - 1
+FILTER_BYTES = _FILTER_BITS // 8
 _PROBES = 4
 
 
@@ -94,7 +95,8 @@ class CallIndex:
         self.window = window
         self._recent: OrderedDict[str, tuple[str, int]] = OrderedDict()
         self._loaded: _Loaded | None = None
-        self._filter: bytearray | None = None
+        # Bytes as a checkpoint carried them until the first id falls out: then a copy to set.
+        self._filter: bytes | bytearray | None = None
 
     @property
     def settled(self) -> OrderedDict[str, tuple[str, int]]:
@@ -154,9 +156,9 @@ class CallIndex:
 
     def load_filter(self, bits: bytes) -> None:
         """Take the filter a checkpoint carried (ValueError if it is not one)."""
-        if len(bits) != _FILTER_BITS // 8:
-            raise ValueError(f"a filter is {_FILTER_BITS // 8} bytes, not {len(bits)}")
-        self._filter = bytearray(bits)
+        if len(bits) != FILTER_BYTES:
+            raise ValueError(f"a filter is {FILTER_BYTES} bytes, not {len(bits)}")
+        self._filter = bits
 
     def _forget_oldest(self) -> None:
         """Out of the window: the oldest call, the carried ones first."""
@@ -170,8 +172,8 @@ class CallIndex:
 
     def _forget(self, call_id: str) -> None:
         bits = self._filter
-        if bits is None:
-            bits = self._filter = bytearray(_FILTER_BITS // 8)
+        if type(bits) is not bytearray:  # one assignment: an interrupt leaves the filter whole
+            bits = self._filter = bytearray(bits if bits is not None else FILTER_BYTES)
         # _bits, unrolled (the same probes): this runs for every settled call past the
         # window, on every open.
         value = _hash(call_id)

@@ -15,6 +15,7 @@ from typing import Any
 
 from .. import _codec
 from ..errors import CorruptionError
+from ._callindex import FILTER_BYTES
 from ._openwork import OpenExecution, OpenTurn
 from ._records import Cut, Resolution
 from .records import CHECKPOINT, decode_record, show, turn_number
@@ -237,7 +238,7 @@ class CheckpointLoad:
                 execution.open_turn = turn
         if self.wants_filter:
             try:
-                state.calls.load_filter(zlib.decompress(bytes(self.filter)))
+                state.calls.load_filter(zlib.decompress(self.filter, bufsize=FILTER_BYTES))
             except (zlib.error, ValueError) as exc:
                 raise _bad(seq, f"carries a filter that cannot be read: {exc}") from None
         state.top = state.turns[state.turn_stack[-1]] if state.turn_stack else None
