@@ -127,11 +127,14 @@ def _settled(data: dict[str, Any]) -> dict[str, Any]:
     return next(i for i in data["items"] if i["item"] == "settled_calls")
 
 
-def _unpacked(data: dict[str, Any]) -> dict[str, Any]:
-    """The settled calls item turned into the shape written before settlings were packed."""
-    item = _settled(data)
+def _unpack(item: dict[str, Any]) -> dict[str, Any]:
+    """A settled_calls item turned into the shape written before settlings were packed."""
     item["settlings"] = json.loads(zlib.decompress(base64.b64decode(item.pop("settlings_zlib"))))
     return item
+
+
+def _unpacked(data: dict[str, Any]) -> dict[str, Any]:
+    return _unpack(_settled(data))
 
 
 def _deep(levels: int) -> Any:
@@ -247,8 +250,14 @@ def test_a_checkpoint_written_before_settlings_were_packed_still_opens_and_repla
         tmp_path: Path) -> None:
     path, runs = tmp_path / "s", []
     options = _compacted(path, runs)
-    assert _rewrite_checkpoint(path, lambda data: [
-        _unpacked(data) for item in data["items"] if item["item"] == "settled_calls"]) == 1
+
+    def written_before(data: dict[str, Any]) -> None:
+        data["version"] = 5  # the version before settlings were packed
+        for item in data["items"]:
+            if item["item"] == "settled_calls":
+                _unpack(item)
+
+    assert _rewrite_checkpoint(path, written_before) == 1
     assert b"settlings_zlib" not in b"".join(p.read_bytes() for p in path.glob("seg-*"))
     with walj.ToolJournal.open(path, **options) as journal:
         assert journal._core.log.first_seq > 1  # the settling records are only in the checkpoint

@@ -40,8 +40,10 @@ __all__ = [
 # Version 5 added requests from other processes: the `request` field of a resolution record,
 # resolution_refused, journal_released, and a checkpoint's applied_requests item; older logs
 # read as before.
-CONTRACT_VERSION = 5
-SUPPORTED_VERSIONS = frozenset({2, 3, 4, CONTRACT_VERSION})
+# Version 6 packs a checkpoint's settling records (settlings_zlib); older checkpoints read as
+# before.
+CONTRACT_VERSION = 6
+SUPPORTED_VERSIONS = frozenset({2, 3, 4, 5, CONTRACT_VERSION})
 
 TURN_STARTED = "turn_started"
 TURN_COMPLETED = "turn_completed"
