@@ -397,3 +397,10 @@ def _depth(value: Any) -> int:
         stack.extend((child, level + 1) for child in children
                      if isinstance(child, (dict, list, tuple)))
     return deepest
+
+
+def block_parser() -> Callable[[bytes], Any]:
+    """The installed parser itself, for a loop that maps it over many values in one C-level
+    call; on any exception it raises (bad JSON, a record too deep for the call stack), the
+    loop parses those values again one by one with `raw_decoder`'s function."""
+    return _parse
