@@ -13,7 +13,7 @@ from . import format as fmt
 from .blocks import check_block, data_of
 from .format import SEAL_LINE_LIMIT
 from .fs import FileSystem
-from .lines import CHUNK_BYTES, LineReader, bad_line_kind, zero_filled
+from .lines import BLOCK_BYTES, LineReader, bad_line_kind, zero_filled
 
 __all__ = ["SEAL_LINE_LIMIT", "TAIL_KINDS", "Problem", "SegmentScan", "bad_line_kind",
            "first_record", "read_ends", "read_header"]
@@ -64,7 +64,7 @@ class SegmentScan:
         expected_log_id: str | None = None,
         start_seq: int = 0,
         before_late_record: Callable[[SegmentScan], bool] | None = None,
-        chunk_bytes: int = CHUNK_BYTES,
+        chunk_bytes: int = BLOCK_BYTES,
     ) -> None:
         self.fs = fs
         self.start_seq = start_seq
