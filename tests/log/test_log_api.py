@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import json
 import math
 import os
@@ -106,6 +107,36 @@ def test_unserializable_records_are_refused_before_any_byte(logdir: Path, bad: o
             log.append_many([{"ok": 2}, bad])  # type: ignore[list-item]
         assert segments(logdir)[0].stat().st_size == size
         assert log.append({"ok": 3}) == 2
+
+
+def test_append_many_writes_the_lines_append_writes(tmp_path: Path) -> None:
+    """A batch is framed at once: its lines are byte for byte the lines one append each
+    writes, whatever the records hold (subclasses stored as the values they hold)."""
+    class Kind(enum.IntEnum):
+        A = 7
+
+    records = [*make_records(30), {"kind": Kind.A, "t": ("x", 1.5)}, {}, {"s": "caf\u00e9"}]
+    with walj.Log.open(tmp_path / "one", sync="never") as log:
+        for record in records:
+            log.append(record)
+    with walj.Log.open(tmp_path / "many", sync="never") as log:
+        assert log.append_many(r for r in records[:9]) == list(range(1, 10))  # any iterable
+        assert log.append_many(records[9:]) == list(range(10, len(records) + 1))
+    one, many = (segments(tmp_path / name)[0].read_bytes().split(b"\n", 1)[1]
+                 for name in ("one", "many"))
+    assert one == many
+    assert [r.data for r in walj.read(tmp_path / "many")][30] == {"kind": 7, "t": ["x", 1.5]}
+
+
+def test_append_many_with_one_record_too_large_writes_none_of_the_batch(logdir: Path) -> None:
+    with walj.Log.open(logdir, max_record_bytes=1000) as log:
+        log.append({"ok": 0})
+        size = segments(logdir)[0].stat().st_size
+        with pytest.raises(walj.RecordTooLargeError, match="record is 1008 bytes"):
+            log.append_many([{"ok": 1}, {"x": "y" * 1000}, {"ok": 2}])
+        assert segments(logdir)[0].stat().st_size == size
+        assert log.append_many([{"ok": 3}]) == [2]
+    assert all_data(logdir) == [{"ok": 0}, {"ok": 3}]
 
 
 def test_record_too_large(logdir: Path) -> None:

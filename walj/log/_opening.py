@@ -7,7 +7,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from itertools import starmap
+from itertools import count
 
 from ..errors import WaljError
 from . import format as fmt
@@ -109,8 +109,10 @@ def recover(fs: FileSystem, directory: str, mode: str, replay: Replay | None, *,
             fs.sync_dir(directory)
     start_seq = replay_start(fs, directory, start) if start is not None else 0
     scan = LogScan(directory, mode=mode, fs=fs, start_seq=start_seq)
-    # Consumed at C speed: on open, this loop runs once per record of the whole log.
-    deque(scan if replay is None else starmap(replay, scan), maxlen=0)
+    # Consumed a block at a time at C speed: on open, this runs once per record of the log.
+    for first, datas in scan.blocks():
+        if replay is not None:
+            deque(map(replay, count(first), datas), maxlen=0)
     last = scan.last
     quarantined = None
     # The torn tail lies in the last segment: one cut at most (the planner `walj repair` uses).

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from itertools import count, repeat
+from typing import Any, NamedTuple, cast
 
 from .. import _codec
 from ..errors import CorruptionError, DroppedWhileReadingError, WaljError
@@ -66,6 +67,25 @@ def read(
     return read_view(directory, _fs, start_seq, recovery=recovery)
 
 
+_DECODE = _codec.raw_decoder()[0]
+_DECODE_ERROR = _codec.raw_decoder()[1]
+_new_tuple = tuple.__new__  # a Record from (seq, data) without a Python-level call
+
+
+def _one_by_one(directory: str, first: int, datas: list[bytes],
+                salvage: bool) -> Iterator[Record]:
+    """A block that did not parse at once: each record on its own, to say which one fails."""
+    for seq, data in zip(count(first), datas):
+        try:
+            value = _DECODE(data)
+        except (_DECODE_ERROR, RecursionError) as exc:  # checksummed, yet by no walj
+            if salvage:
+                continue
+            raise CorruptionError(f"record {seq} of {directory} cannot be decoded: {exc}",
+                                  seq=seq, kind="bad_line") from exc
+        yield Record(seq, value)
+
+
 def read_view(directory: str, fs: FileSystem, start_seq: int = 0, *,
               recovery: str = "tolerate_tail",
               end_problem: Callable[[LogScan], Problem | None] | None = None) -> Iterator[Record]:
@@ -74,19 +94,18 @@ def read_view(directory: str, fs: FileSystem, start_seq: int = 0, *,
     view alone knows is wrong at the log's end; it raises unless recovery is "salvage"."""
     scan = LogScan(directory, mode=recovery, start_seq=start_seq, fs=fs, follow_rotation=True,
                    report_holes=True)
-    decode, decode_error = _codec.raw_decoder()
+    parse = _codec.block_parser()
     salvage = recovery == "salvage"
-    lines = iter(scan)
+    blocks = scan.blocks()
     try:
-        for seq, data in lines:
+        for first, datas in blocks:
             try:
-                value = decode(data)
-            except (decode_error, RecursionError) as exc:  # checksummed, yet by no walj
-                if salvage:
-                    continue
-                raise CorruptionError(f"record {seq} of {directory} cannot be decoded: {exc}",
-                                      seq=seq, kind="bad_line") from exc
-            yield Record(seq, value)
+                values = list(map(parse, datas))  # a block in one C-level call
+            except (_DECODE_ERROR, RecursionError):
+                yield from _one_by_one(directory, first, datas, salvage)
+                continue
+            yield from cast("Iterator[Record]", map(_new_tuple, repeat(Record),
+                                                    zip(count(first), values)))
     except FileNotFoundError as exc:
         base = read_base(fs, directory)
         if base is None or (scan.base is not None and base.index <= scan.base.index):
@@ -99,7 +118,7 @@ def read_view(directory: str, fs: FileSystem, start_seq: int = 0, *,
         # A reader that stops early closes this generator: the scan's files are closed here,
         # where an interrupt propagates, not when the garbage collector frees it, which
         # would swallow one.
-        lines.close()
+        blocks.close()
     problem = end_problem(scan) if end_problem is not None else None
     if problem is not None and not salvage:
         raise corruption(problem)

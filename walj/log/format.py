@@ -21,6 +21,7 @@ __all__ = ["BASE_NAME", "BASE_TAG", "BASE_TMP", "FORMAT_VERSION", "HEADER_LINE_L
            "LINE_OVERHEAD", "LOCK_NAME", "MANIFEST", "MAX_RECORD_BYTES_LIMIT", "OWNER_NAME",
            "PURE_XXH64", "QUARANTINE_DIR", "SEAL_LINE_LIMIT", "SEGMENT_RE", "SEGMENT_TMP_SUFFIX",
            "Header", "Seal", "checksum", "checksum_ok", "encode_record", "frame", "frame_record",
+           "frame_records",
            "parse_data", "parse_header", "parse_seal", "segment_index", "segment_name"]
 
 xxh64_intdigest: Callable[[bytes | memoryview], int]
@@ -97,6 +98,14 @@ def frame_record(seq: int, data: bytes) -> bytes:
     because this is the append hot path."""
     body = _RECORD_BODY % (seq, data)
     return _LINE % (xxh64_intdigest(body), body)
+
+
+def frame_records(first_seq: int, datas: list[bytes]) -> bytes:
+    """`frame_record` of each of `datas`, numbered from `first_seq`, joined: one C-level map
+    per step, for a batch."""
+    seqs = range(first_seq, first_seq + len(datas))
+    bodies = list(map(_RECORD_BODY.__mod__, zip(seqs, datas, strict=True)))
+    return b"".join(map(_LINE.__mod__, zip(map(xxh64_intdigest, bodies), bodies, strict=True)))
 
 
 def encode_record(record: Any) -> bytes:

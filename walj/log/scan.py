@@ -7,6 +7,7 @@ import stat
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from functools import partial
+from itertools import count
 
 from ..errors import CorruptionError, UnsupportedVersionError
 from . import format as fmt
@@ -149,6 +150,15 @@ class LogScan:
         raise corruption(problem)
 
     def __iter__(self) -> Generator[tuple[int, bytes], None, None]:
+        blocks = self.blocks()
+        try:
+            for first, datas in blocks:
+                yield from zip(count(first), datas)
+        finally:
+            blocks.close()  # here, where an interrupt propagates: it closes the file
+
+    def blocks(self) -> Generator[tuple[int, list[bytes]], None, None]:
+        """The records a run at a time: (the first one's seq, the data of each)."""
         listed, refused = list_segments(self.fs, self.directory)
         for problem in refused:
             self._report(problem)
@@ -172,7 +182,7 @@ class LogScan:
                                   expected_log_id=self.log_id, start_seq=self.start_seq,
                                   before_late_record=partial(self._late_record, final=final))
                 self.reading = seg
-                yield from seg
+                yield from seg.read_blocks()
                 self._finish(seg, listed, i, prev_seal)
                 prev_seal = seg.seal.sha256 if seg.seal else ""
                 if seg.last_seq is not None:

@@ -6,12 +6,14 @@ import hashlib
 import os
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
+from itertools import count
 
 from ..errors import CorruptionError, UnsupportedVersionError, WaljError
 from . import format as fmt
+from .blocks import check_block, data_of
 from .format import SEAL_LINE_LIMIT
 from .fs import FileSystem
-from .lines import CHUNK_BYTES, LineReader, bad_line_kind, zero_filled
+from .lines import BLOCK_BYTES, LineReader, bad_line_kind, zero_filled
 
 __all__ = ["SEAL_LINE_LIMIT", "TAIL_KINDS", "Problem", "SegmentScan", "bad_line_kind",
            "first_record", "read_ends", "read_header"]
@@ -62,7 +64,7 @@ class SegmentScan:
         expected_log_id: str | None = None,
         start_seq: int = 0,
         before_late_record: Callable[[SegmentScan], bool] | None = None,
-        chunk_bytes: int = CHUNK_BYTES,
+        chunk_bytes: int = BLOCK_BYTES,
     ) -> None:
         self.fs = fs
         self.start_seq = start_seq
@@ -104,6 +106,17 @@ class SegmentScan:
     def read_more(self) -> Generator[tuple[int, bytes], None, None]:
         """Yield the records from where the last read stopped to the end of the file as it is
         now: the whole segment at first, then what was appended since (see the class)."""
+        blocks = self.read_blocks()
+        try:
+            for first, datas in blocks:
+                yield from zip(count(first), datas)
+        finally:
+            blocks.close()  # here, where an interrupt propagates: it closes the file
+
+    __iter__ = read_more
+
+    def read_blocks(self) -> Generator[tuple[int, list[bytes]], None, None]:
+        """`read_more` a run of records at a time: (the first one's seq, the data of each)."""
         if self.stopped:
             return
         self._forget_tail()  # nothing to forget at first
@@ -113,8 +126,6 @@ class SegmentScan:
         finally:
             self.fs.close(fd)
         self._check_seal_digest()
-
-    __iter__ = read_more
 
     def _forget_tail(self) -> None:
         """Drop a torn tail's problems, to read again from the end of the last verified line
@@ -133,48 +144,82 @@ class SegmentScan:
         tag = fmt.RECORD_TAG % expected
         return fast, expected, tag, fmt.BODY_START + len(tag)
 
-    def _scan(self, fd: int, start: int) -> Iterator[tuple[int, bytes]]:
-        """The hot loop: every line of the segment passes here, so the common case (a verified
-        record with the next seq, nothing amiss) is checked inline, without a call."""
-        xxh = fmt.xxh64_intdigest
-        frame_head = fmt.FRAME_HEAD
-        body_start = fmt.BODY_START
-        record_tag = fmt.RECORD_TAG
-        start_seq = self.start_seq
+    def _scan(self, fd: int, start: int) -> Iterator[tuple[int, list[bytes]]]:
+        """Every line of the segment passes here, a block (what one read brought) at a time."""
         lines_of = LineReader(self.fs, fd, start, self._line_limit, self._oversize,
                               chunk_bytes=self.chunk_bytes)
         for pos, buf, lines in lines_of:
             self._buf, self._pos = buf, pos
             off = pos
-            fast, expected, tag, data_at = self._expecting()
-            count = 0
-            for line in lines:
-                verified = line[:body_start] == frame_head % xxh(line[body_start:])
-                if (fast and verified and line.startswith(tag, body_start) and line[-1] == 125
-                        and line[data_at] == 123):  # a JSON object: "{" ... "}"
-                    off += len(line) + 1
-                    count += 1
-                    if expected >= start_seq:
-                        yield expected, line[data_at:-1]
-                    expected += 1
-                    tag = record_tag % expected
-                    data_at = body_start + len(tag)
-                    continue
-                self._settle(count, expected, off)
-                count = 0
-                end = off + len(line) + 1
-                record = self._line(line, off, end, verified)
-                fast, expected, tag, data_at = self._expecting()
-                off = end
-                if record is not None and record[0] >= start_seq:
-                    yield record
-            self._settle(count, expected, off)
+            if pos == 0 and self.header is None:  # the header first, then the rest as a block
+                off = yield from self._lines(lines[:1], off)
+                lines = lines[1:]
+            if lines:
+                off = yield from self._block(lines, off)
             if self._hashing:
                 self._hash_to(off)
             # Let go of this turn's buffer before the next read, so a long line is held once.
-            self._buf = line = b""
+            self._buf = b""
             del buf, lines
         self._end(lines_of)
+
+    def _block(self, lines: list[bytes], off: int) -> Generator[tuple[int, list[bytes]], None,
+                                                                int]:
+        """The common case, checked a block at a time (walj/log/blocks.py): the lines at file
+        offset `off` are all good records, numbered on. Anything else goes line by line, which
+        says exactly what is wrong and where. Returns where the lines end."""
+        fast, expected, _, _ = self._expecting()
+        data_at = check_block(lines, expected) if fast else 0
+        if not data_at:
+            return (yield from self._lines(lines, off))
+        records = len(lines)
+        end = off + sum(map(len, lines)) + records
+        self._settle(records, expected + records, end)
+        wanted = lines[self.start_seq - expected:] if self.start_seq > expected else lines
+        if wanted:
+            yield expected + records - len(wanted), data_of(wanted, data_at)
+        return end
+
+    def _lines(self, lines: list[bytes], off: int) -> Generator[tuple[int, list[bytes]], None,
+                                                                int]:
+        """The lines at file offset `off` one by one: a run of verified records with the next
+        seq is checked inline, without a call, and handed on as one block; anything else
+        (headers, seals, seq anomalies, bad lines) goes to `_line`. Returns where they end."""
+        xxh = fmt.xxh64_intdigest
+        frame_head = fmt.FRAME_HEAD
+        body_start = fmt.BODY_START
+        record_tag = fmt.RECORD_TAG
+        start_seq = self.start_seq
+        fast, expected, tag, data_at = self._expecting()
+        counted = 0
+        run: list[bytes] = []
+        for line in lines:
+            verified = line[:body_start] == frame_head % xxh(line[body_start:])
+            if (fast and verified and line.startswith(tag, body_start) and line[-1] == 125
+                    and line[data_at] == 123):  # a JSON object: "{" ... "}"
+                off += len(line) + 1
+                counted += 1
+                if expected >= start_seq:
+                    run.append(line[data_at:-1])
+                expected += 1
+                tag = record_tag % expected
+                data_at = body_start + len(tag)
+                continue
+            self._settle(counted, expected, off)
+            counted = 0
+            if run:
+                yield expected - len(run), run
+                run = []
+            end = off + len(line) + 1
+            record = self._line(line, off, end, verified)
+            fast, expected, tag, data_at = self._expecting()
+            off = end
+            if record is not None and record[0] >= start_seq:
+                yield record[0], [record[1]]
+        self._settle(counted, expected, off)
+        if run:
+            yield expected - len(run), run
+        return off
 
     def _end(self, lines_of: LineReader) -> None:
         """Where the read ended: an incomplete last line, a segment without a header."""
