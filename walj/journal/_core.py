@@ -5,6 +5,7 @@ its own. ToolJournal is the public face that owns one."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -116,6 +117,11 @@ class Core:
                 blockers = self.state.snapshot(**self._live_view()).blockers
         return blockers
 
+    def _may_be_blocked(self) -> bool:
+        """Whether dispatch would refuse now: only then can a request change its answer."""
+        with self._lock:
+            return self.state.is_blocked(**self._live_view())
+
     def idle(self) -> bool:
         """With the write lock held: no turn, execution or LLM call is live or beginning."""
         with self._lock:
@@ -178,11 +184,9 @@ class Core:
         """Append one record and feed it to the recovery state, the same function a reopen uses,
         so the live view always equals what a replay would rebuild. Anything that stops the
         two from happening together (an interrupt, a failed write) rebuilds the state from the
-        files. `on_fed(seq)` runs under the state lock once the record is in the state.
-
-        The live turn's turn_started goes with the first record written while it is pending
-        (in the same write, under the same sync): whether it is pending is read from the state
-        itself, so an interrupt can neither lose it nor write it twice."""
+        files. `on_fed(seq)` runs under the state lock once the record is in the state. A live
+        turn's pending turn_started goes first, in the same write (pending: the state lacks it,
+        so an interrupt can neither lose it nor write it twice)."""
         with self._write_lock:
             refused_unwritten = self.log.poisoned  # then append writes nothing
             synced = self.log.durable_seq
@@ -210,10 +214,9 @@ class Core:
 
     def _write_with_turn_start(self, turn: TurnSlot, data: bytes, durable: bool,
                                synced: int) -> int:
-        """Write the turn's pending turn_started and then `data` in one write; feed the first
-        and return the seq of the second (Core.write feeds it)."""
+        """turn_started, then `data`, in one write; feeds the first, returns the second's seq."""
         start = turn.start_record
-        assert start is not None
+        assert start is not None  # set before the turn is made live
         if synced > self.synced_floor:
             start[rc.SYNCED_THROUGH] = synced
         head = rc.encode_record(start)
@@ -263,7 +266,8 @@ class Core:
             else:  # its caller gave up while the intent was written: settle it at once
                 self._queued.append((execution_id, abandoned))
 
-        self.take_requests()
+        if self._may_be_blocked():  # only then can a request change this answer
+            self.take_requests()
         with self._write_lock:
             try:
                 with self._lock:
@@ -392,26 +396,16 @@ class Core:
                     if completed:
                         self.write(_writes.turn_record(rc.TURN_COMPLETED, turn.sequence),
                                    durable=False)
-                    elif turn.sequence > self.state.max_turn:
-                        self._write_abandoned_start(turn)
+                    elif (turn.start_record is not None and not self.log.poisoned
+                          and turn.sequence > self.state.max_turn):
+                        # Left by an exception before its first record: it reads as an
+                        # incomplete turn, as it always did. Never masks that exception.
+                        with contextlib.suppress(Exception):
+                            self.write(turn.start_record, durable=False)
                 self.release_turn(turn)
         except BaseException:
             self.release_turn(turn)
             raise
-
-    def _write_abandoned_start(self, turn: TurnSlot) -> None:
-        """With the write lock held: the pending turn_started of a turn left by an exception
-        before anything else was written, so it reads as an incomplete turn. Never raises an
-        Exception: the one leaving the turn is what its caller must see (a failed write
-        poisons the log, which says the rest)."""
-        start = turn.start_record
-        if (start is None or self.closed or self.unknown_state is not None
-                or self.log.poisoned):
-            return
-        try:
-            self.write(start, durable=False)
-        except Exception:  # noqa: S110 - see the docstring
-            pass
 
     # --- closing --------------------------------------------------------------------------------
 
