@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -53,9 +54,12 @@ def test_adispatch_awaits_async_handlers_and_writes_off_the_loop_thread(
     first, second = asyncio.run(main())
     assert (first.outcome, first.output) == ("ok", "u c1")
     assert (second.outcome, second.output) == ("ok", 8)
+    # turn_started rides in the first intent's write, so it is no Core.write of its own.
     assert [kind for kind, _ in writers] == [
-        rc.TURN_STARTED, rc.STARTED, rc.FINISHED, rc.STARTED, rc.FINISHED, rc.LLM_STARTED,
+        rc.STARTED, rc.FINISHED, rc.STARTED, rc.FINISHED, rc.LLM_STARTED,
         rc.LLM_FINISHED, rc.TURN_COMPLETED]
+    assert [r.data["kind"] for r in walj.read(tmp_path / "j")][:2] == [rc.TURN_STARTED,
+                                                                        rc.STARTED]
     assert not any(on_loop for _, on_loop in writers)  # every fsync ran in a worker thread
 
 
@@ -191,15 +195,15 @@ def test_an_exit_cancelled_mid_write_returns_only_once_the_write_is_done(
     replay rebuilds."""
     last = rc.TURN_COMPLETED if block == "turn" else rc.LLM_FINISHED
     in_write, release = threading.Event(), threading.Event()
-    original = Log.append
+    original = Log.append_encoded
 
-    def slow_last(self: Log, record: Any, **options: Any) -> int:
-        if record["kind"] == last:  # the journal's write lock is held here
+    def slow_last(self: Log, *data: bytes, **options: Any) -> int:
+        if json.loads(data[-1])["kind"] == last:  # the journal's write lock is held here
             in_write.set()
             release.wait()
-        return original(self, record, **options)
+        return original(self, *data, **options)
 
-    monkeypatch.setattr(Log, "append", slow_last)
+    monkeypatch.setattr(Log, "append_encoded", slow_last)
     path = tmp_path / "j"
 
     async def main() -> None:

@@ -5,6 +5,7 @@ its own. ToolJournal is the public face that owns one."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -116,6 +117,11 @@ class Core:
                 blockers = self.state.snapshot(**self._live_view()).blockers
         return blockers
 
+    def _may_be_blocked(self) -> bool:
+        """Whether dispatch would refuse now: only then can a request change its answer."""
+        with self._lock:
+            return self.state.is_blocked(**self._live_view())
+
     def idle(self) -> bool:
         """With the write lock held: no turn, execution or LLM call is live or beginning."""
         with self._lock:
@@ -178,15 +184,22 @@ class Core:
         """Append one record and feed it to the recovery state, the same function a reopen uses,
         so the live view always equals what a replay would rebuild. Anything that stops the
         two from happening together (an interrupt, a failed write) rebuilds the state from the
-        files. `on_fed(seq)` runs under the state lock once the record is in the state."""
+        files. `on_fed(seq)` runs under the state lock once the record is in the state. A live
+        turn's pending turn_started goes first, in the same write (pending: the state lacks it,
+        so an interrupt can neither lose it nor write it twice)."""
         with self._write_lock:
             refused_unwritten = self.log.poisoned  # then append writes nothing
             synced = self.log.durable_seq
             if synced > self.synced_floor:
                 record[rc.SYNCED_THROUGH] = synced
+            turn = self._live_turn
             try:
                 data = rc.encode_record(record)  # the bytes the log writes, and a replay reads
-                seq = self.log.append(record, durable=durable)
+                if (turn is not None and turn.sequence > self.state.max_turn
+                        and record is not turn.start_record):
+                    seq = self._write_with_turn_start(turn, data, durable, synced)
+                else:
+                    seq = self.log.append_encoded(data, durable=durable)
                 with self._lock:
                     self.state.feed(seq, data)
                     if on_fed is not None:
@@ -198,6 +211,19 @@ class Core:
                     self.resync()
                 raise
             return seq
+
+    def _write_with_turn_start(self, turn: TurnSlot, data: bytes, durable: bool,
+                               synced: int) -> int:
+        """turn_started, then `data`, in one write; feeds the first, returns the second's seq."""
+        start = turn.start_record
+        assert start is not None  # set before the turn is made live
+        if synced > self.synced_floor:
+            start[rc.SYNCED_THROUGH] = synced
+        head = rc.encode_record(start)
+        seq = self.log.append_encoded(head, data, durable=durable)
+        with self._lock:
+            self.state.feed(seq - 1, head)
+        return seq
 
     def resync(self) -> None:
         """With write_lock held: rebuild the state from the log's files. A record the log may
@@ -240,7 +266,8 @@ class Core:
             else:  # its caller gave up while the intent was written: settle it at once
                 self._queued.append((execution_id, abandoned))
 
-        self.take_requests()
+        if self._may_be_blocked():  # only then can a request change this answer
+            self.take_requests()
         with self._write_lock:
             try:
                 with self._lock:
@@ -332,8 +359,9 @@ class Core:
     # --- turns ----------------------------------------------------------------------------------
 
     def start_turn(self, turn: TurnSlot) -> int:
-        """Make `turn` the live turn and write turn_started. The number and the record are
-        taken under the write lock, so a turn abandoned mid-write can never share its number."""
+        """Make `turn` the live turn, its turn_started pending: Core.write writes it with the
+        turn's first record, so a turn's first call costs one write and one sync. The number
+        is taken under the write lock, from the state, which has every earlier turn."""
         self.take_requests()
         with self._write_lock:
             self.check_not_ended()
@@ -347,15 +375,8 @@ class Core:
                     raise TurnError("the turn was abandoned before it started")
                 sequence = self.state.max_turn + 1
                 turn.sequence = sequence
+                turn.start_record = _writes.turn_record(rc.TURN_STARTED, sequence)
                 self._live_turn = turn
-            try:
-                self.write(_writes.turn_record(rc.TURN_STARTED, sequence), durable=False)
-            except BaseException:
-                self.release_turn(turn)
-                raise
-            with self._lock:
-                if turn.abandoned and self._live_turn is turn:
-                    self._live_turn = None  # its caller was cancelled while we wrote
             return sequence
 
     def release_turn(self, turn: TurnSlot) -> None:
@@ -365,13 +386,22 @@ class Core:
                 self._live_turn = None
 
     def end_turn(self, turn: TurnSlot, completed: bool) -> None:
-        """Write turn_completed (if completed) and end the turn. Only while it is still the
-        live turn: once a cancelled exit released it, a later turn may have started, which
-        this completion would pair with instead."""
+        """Write turn_completed (if completed) and end the turn; a turn left by an exception
+        before its turn_started was written writes that alone (an incomplete turn, as it
+        always was). Only while it is still the live turn: once a cancelled exit released it,
+        a later turn may have started, which this completion would pair with instead."""
         try:
             with self._write_lock:
-                if completed and self._live_turn is turn:
-                    self.write(_writes.turn_record(rc.TURN_COMPLETED, turn.sequence), durable=False)
+                if self._live_turn is turn:
+                    if completed:
+                        self.write(_writes.turn_record(rc.TURN_COMPLETED, turn.sequence),
+                                   durable=False)
+                    elif (turn.start_record is not None and not self.log.poisoned
+                          and turn.sequence > self.state.max_turn):
+                        # Left by an exception before its first record: it reads as an
+                        # incomplete turn, as it always did. Never masks that exception.
+                        with contextlib.suppress(Exception):
+                            self.write(turn.start_record, durable=False)
                 self.release_turn(turn)
         except BaseException:
             self.release_turn(turn)

@@ -3,6 +3,8 @@ state lock, whether the caller gave it up, so a write that lands later never mak
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class TurnSlot:
     """What the core knows of a turn: its number and whether it was abandoned (never again
@@ -12,6 +14,8 @@ class TurnSlot:
     def __init__(self) -> None:
         self.sequence = 0
         self.abandoned = False  # set under the core's state lock
+        # Its turn_started record, written with the turn's first record (see Core.write).
+        self.start_record: dict[str, Any] | None = None
 
 
 class LLMSlot:

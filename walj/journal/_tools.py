@@ -60,6 +60,8 @@ class Tool:
     reconcile: Reconcile | None = None
     guard: Callable[[ToolContext], Any] | None = None
     wants_context: bool = field(init=False, repr=False, compare=False, default=False)
+    # Asked once here rather than on every dispatch (inspect's test is not cheap).
+    is_async: bool = field(init=False, repr=False, compare=False, default=False)
 
     def __post_init__(self) -> None:
         if not callable(self.handler):
@@ -73,6 +75,7 @@ class Tool:
         if self.guard is not None and not callable(self.guard):
             raise TypeError("guard must be callable or None")
         object.__setattr__(self, "wants_context", takes_context(self.handler))
+        object.__setattr__(self, "is_async", inspect.iscoroutinefunction(self.handler))
 
 
 def as_tool(value: Any, name: str = "?") -> Tool:

@@ -123,7 +123,7 @@ class Turn(TurnSlot):
     def _dispatch(self, name: str, arguments: Mapping[str, Any], call_id: str | None,
                   handler: Any, digest: Digest | None) -> ToolResult:
         run = self._prepare(name, arguments, call_id, handler, digest, in_worker=False)
-        if inspect.iscoroutinefunction(run.tool.handler):
+        if run.tool.is_async:
             raise TypeError(f"tool {name!r} is async: use `await turn.adispatch(...)`")
         try:
             if run.start():

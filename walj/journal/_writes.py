@@ -38,18 +38,22 @@ def intent(execution_id: str, turn_sequence: int, tool: str, call_id: str, diges
     `call_id_generated`: walj made up the call id (turn-N-call-M), so replay never keys on it.
     `writer`: the log's writer id (`Log.writer_id`), so a reader can tell whether the process
     that runs the call still holds the log."""
-    optional: dict[str, Any] = {}
+    # Built in the order FIELDS declares, without new_record's checks: this is every
+    # dispatch's record (tests/journal/test_records.py holds it to FIELDS).
+    record: dict[str, Any] = {"kind": rc.STARTED, "version": rc.CONTRACT_VERSION,
+                              "execution_id": execution_id, "at": now(),
+                              "turn_sequence": turn_sequence, "tool": tool, "call_id": call_id}
     if call_id_generated:
-        optional["call_id_generated"] = True
+        record["call_id_generated"] = True
+    record["arguments_sha256"] = digest.sha256
+    record["idempotency_key"] = idempotency_key
+    record["arguments_preview"] = digest.preview
+    record["arguments_length"] = digest.length
     if writer is not None:
-        optional["writer"] = writer
+        record["writer"] = writer
     if arguments is not None:
-        optional["arguments"] = arguments
-    return new_record(rc.STARTED, execution_id=execution_id, at=now(),
-                      turn_sequence=turn_sequence, tool=tool, call_id=call_id,
-                      arguments_sha256=digest.sha256, idempotency_key=idempotency_key,
-                      arguments_preview=digest.preview, arguments_length=digest.length,
-                      **optional)
+        record["arguments"] = arguments
+    return record
 
 
 def finished(execution_id: str, outcome: str, output: Digest | None,
@@ -60,10 +64,11 @@ def finished(execution_id: str, outcome: str, output: Digest | None,
     if exc is not None:
         return new_record(rc.FINISHED, execution_id=execution_id, at=now(), outcome=outcome,
                           error=describe_error(exc), error_type=type(exc).__name__)
-    if output is not None:
-        return new_record(rc.FINISHED, execution_id=execution_id, at=now(), outcome=outcome,
-                          output_sha256=output.sha256, output_preview=output.preview,
-                          output_length=output.length)
+    if output is not None:  # every ok dispatch's record: in FIELDS order, built directly
+        return {"kind": rc.FINISHED, "version": rc.CONTRACT_VERSION,
+                "execution_id": execution_id, "at": now(), "outcome": outcome,
+                "output_sha256": output.sha256, "output_preview": output.preview,
+                "output_length": output.length}
     return new_record(rc.FINISHED, execution_id=execution_id, at=now(), outcome=outcome)
 
 

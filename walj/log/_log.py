@@ -13,7 +13,7 @@ from typing import Any
 
 from .._codec import encode as _encode_value
 from .._codec import encode_dicts
-from ..errors import PoisonedError, RecordTooLargeError
+from ..errors import PoisonedError, RecordTooLargeError, SerializationError
 from ._compaction import Compaction
 from ._durability import Commit, WriterState, io_failure
 from ._opening import Replay, ReplayStart, check_options, prepare_directory, recover
@@ -148,31 +148,54 @@ class Log:
     def append(self, record: dict[str, Any], *, durable: bool = False) -> int:
         """Append one record and return its seq. Durable on return when sync is "always" or
         "batch", or when `durable=True` whatever the sync mode."""
+        return self._append_data(self._encode(record), durable)
+
+    def append_encoded(self, *data: bytes, durable: bool = False) -> int:
+        """As `append`, for records already encoded, and the seq of the last: each of `data` is
+        exactly what `walj.log.format.encode_record` returned for one record (a caller that
+        needs the bytes itself encodes once). Several go in one write, with at most one sync
+        (plus a rotation's own). Only the framing's own needs are checked here: each one JSON
+        object on one line, within max_record_bytes (SerializationError, RecordTooLargeError;
+        nothing written)."""
+        for body in data:
+            if (type(body) is not bytes or body[:1] != b"{" or body[-1:] != b"}"
+                    or b"\n" in body):
+                raise SerializationError("append_encoded takes the bytes encode_record "
+                                         "returned, one record each")
+            if len(body) > self._max_record:
+                raise RecordTooLargeError(
+                    f"record is {len(body)} bytes; max_record_bytes is {self._max_record}")
+        if not data:
+            raise SerializationError("append_encoded needs at least one record")
+        return self._append_data(data[0] if len(data) == 1 else data, durable)
+
+    def _append_data(self, data: bytes | tuple[bytes, ...], durable: bool) -> int:
         if not self._batch:
-            return self._append_one(record, durable)
+            return self._append_one(data, durable)
         commit, counted = self._commit, False
         try:
             # Counted in, so that a group sync can wait for the appenders still writing.
             with self._state.lock:
                 commit.appenders += 1; counted = True  # noqa: E702 - one line: no interrupt
-            return self._append_one(record, True)
+            return self._append_one(data, True)
         finally:
             if counted:
                 with self._state.lock:
                     commit.appenders -= 1
                     commit.wake_gatherer()
 
-    def _append_one(self, record: dict[str, Any], durable: bool) -> int:
-        # An exact dict goes straight to the encoder: the commonest record, the hot path.
-        data = _encode_value(record) if type(record) is dict else encode_record(record)
-        if len(data) > self._max_record:
-            raise self._too_large(data)
+    def _append_one(self, data: bytes | tuple[bytes, ...], durable: bool) -> int:
+        """One record's bytes, or a tuple of records' bytes written with one write."""
         st = self._state
         with st.lock:
             if st.unusable:
                 self._rotation.ready()
             seq = st.next_seq
-            self._write(frame_record(seq, data), seq, 1)
+            if isinstance(data, bytes):
+                self._write(frame_record(seq, data), seq, 1)
+            else:
+                self._write(frame_records(seq, data), seq, len(data))
+                seq += len(data) - 1
         if durable and seq > st.durable_seq:
             self._commit.wait_durable(seq)
         return seq
@@ -217,7 +240,8 @@ class Log:
                 self._rotation.rotate(force=True)
 
     def _encode(self, record: dict[str, Any]) -> bytes:
-        data = encode_record(record)
+        # An exact dict goes straight to the encoder: the commonest record, the hot path.
+        data = _encode_value(record) if type(record) is dict else encode_record(record)
         if len(data) > self._max_record:
             raise self._too_large(data)
         return data

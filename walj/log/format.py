@@ -9,7 +9,7 @@ checked against this module, and a change to one is a change to the other.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,7 +100,7 @@ def frame_record(seq: int, data: bytes) -> bytes:
     return _LINE % (xxh64_intdigest(body), body)
 
 
-def frame_records(first_seq: int, datas: list[bytes]) -> bytes:
+def frame_records(first_seq: int, datas: Sequence[bytes]) -> bytes:
     """`frame_record` of each of `datas`, numbered from `first_seq`, joined: one C-level map
     per step, for a batch."""
     seqs = range(first_seq, first_seq + len(datas))
