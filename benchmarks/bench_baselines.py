@@ -146,14 +146,28 @@ def run_threads(
     duration: float,
     make_op: Callable[[int], tuple[Callable[[int], object], Callable[[], None]]],
 ) -> Sample:
-    """Throughput of n threads calling their op until told to stop.
+    """Throughput of n threads calling their op until the window closes.
 
     `make_op(k)` runs inside thread k before the start line and returns (op, cleanup).
-    The rate is all completed ops over the time from the start line to the last thread's end.
+    The rate is all completed ops over the time from the start line to the end of the last
+    op to complete; cleanup runs after, outside the window.
+
+    The start line's time is read by the barrier's action, as the last thread arrives and
+    before any is released, and each thread stops itself at the deadline: with a thousand
+    threads the main thread may not run for seconds, so it neither reads the start (it came
+    late, and the ops of that time counted in a window that left it out) nor says stop (the
+    window ran on for a minute).
     """
-    barrier = threading.Barrier(n_threads + 1)
+    window: list[float] = []
+
+    def start_line() -> None:
+        now = time.perf_counter()
+        window.extend((now, now + duration))
+
+    barrier = threading.Barrier(n_threads + 1, action=start_line)
     stop = threading.Event()
     counts = [0] * n_threads
+    ends = [0.0] * n_threads
     errors: list[BaseException] = []
 
     def worker(k: int) -> None:
@@ -165,11 +179,13 @@ def run_threads(
             return
         try:
             barrier.wait()
+            deadline, clock = window[1], time.perf_counter
             n = 0
             base = k << 40
-            while not stop.is_set():
+            while clock() < deadline and not stop.is_set():
                 op(base + n)
                 n += 1
+            ends[k] = clock()
             counts[k] = n
         except BaseException as exc:  # noqa: BLE001
             errors.append(exc)
@@ -184,14 +200,11 @@ def run_threads(
         barrier.wait()
     except threading.BrokenBarrierError:
         pass
-    start = time.perf_counter()
-    time.sleep(duration)
-    stop.set()
     for t in threads:
         t.join()
-    elapsed = time.perf_counter() - start
     if errors:
         raise errors[0] if isinstance(errors[0], Exception) else RuntimeError(repr(errors[0]))
+    elapsed = max(ends) - window[0]
     total = sum(counts)
     return Sample(value=total / elapsed, ops=total, seconds=elapsed)
 

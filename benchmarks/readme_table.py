@@ -56,6 +56,21 @@ TABLE = [
     "sweep.archived_rss",
 ]
 
+# Against the physical limits (issue 25): shown when the run measured them, after the table.
+PHYSICAL = [
+    "limit.prealloc",
+    "durable.prealloc",
+    "dispatch.prealloc",
+    "dispatch.syscalls",
+    "unsynced.many",
+    "sessions.limit.prealloc.64",
+    "sessions.limit.syncfs.64",
+] + [
+    f"sessions.{api}.{ref}.64"
+    for api in ("async", "threads")
+    for ref in ("raw_prealloc", "raw_syncfs", "inline_mode", "files_mode", "syncfs_mode")
+]
+
 Rows = dict[str, dict[str, Any]]
 
 
@@ -108,6 +123,33 @@ def group_table(doc: dict[str, Any], rows: Rows) -> list[str]:
             "—" if fps is None else f"{fps:,.0f}",
         ]
         lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def physical_table(rows: Rows) -> list[str]:
+    """The rows against the physical limits (overwrite of preallocated space, syncfs rounds)
+    and the counted system calls; nothing when the run measured none of them."""
+    shown = [row_id for row_id in PHYSICAL if row_id in rows]
+    if not shown:
+        return []
+    lines = [
+        "",
+        "Against the physical limit (overwrites of zero-filled space need no metadata synced; "
+        "one `syncfs` a round covers every file of a dedicated volume), system calls counted "
+        "with `strace -f -c`, and the process-wide commit service's modes:",
+        "",
+        "| figure: what walj does | walj | baseline, same run (what it is) | ratio | counted |",
+        "|---|---|---|---|---|",
+    ]
+    for row_id in shown:
+        row = rows[row_id]
+        base = _value(row, "baseline")
+        counted = ", ".join(f"{k.replace('_', ' ')} {v:.2f}"
+                            for k, v in row.get("extra", {}).items()) or "—"
+        cells = [what(row), _value(row, "walj"),
+                 f"{base} ({row['baseline_is']})" if row["baseline_is"] else base,
+                 ratio_text(row["ratio"]), counted]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return lines
 
 
@@ -265,6 +307,7 @@ def render(doc: dict[str, Any]) -> str:
     if "group_commit.png" in doc.get("plots", []):
         lines += ["", "![group commit scaling](benchmarks/results/group_commit.png)"]
     lines += sessions_table(doc, rows)
+    lines += physical_table(rows)
     lines += ["", "Where the time goes, from the same run:", ""]
     lines += findings(doc, rows, n)
     return "\n".join(lines) + "\n"

@@ -77,6 +77,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="path of walj-forensic.pyz (default: look in the checkout)",
     )
     p.add_argument("--threads", default="1,2,4,8,16", help="thread counts for group commit")
+    p.add_argument(
+        "--sessions",
+        default="",
+        help="session counts for the sessions figure (quick: 1,8,64; full: 1,8,64,256,1024)",
+    )
     p.add_argument("--sizes", default="", help="open sizes, comma separated (overrides the mode)")
     p.add_argument("--no-plots", action="store_true", help="write tables only")
     p.add_argument("--keep", action="store_true", help="keep the scratch directory")
@@ -130,6 +135,7 @@ def main(argv: list[str]) -> int:
         zipapp=args.zipapp,
         keep=args.keep,
         command=shown_command(argv),
+        sessions=[int(x) for x in args.sessions.split(",") if x.strip()],
     )
 
     def say(msg: str) -> None:
