@@ -59,7 +59,8 @@ def append_group(
         "walj-interval": ("rec/s", bench_walj.append(walj, d, "interval")),
         "walj-never": ("rec/s", bench_walj.append(walj, d, "never")),
         "raw-fsync": ("rec/s", base.raw_fsync(d)),
-        "raw-prealloc": ("rec/s", bench_limits.raw_prealloc(d, prealloc)),
+        "raw-prealloc": ("rec/s", bench_limits.raw_prealloc(d, cfg.workdir / "homes" /
+                                                            "append-prealloc", prealloc)),
         "sqlite-full": ("rec/s", base.sqlite_append(d, "FULL")),
         "jsonl-fsync": ("rec/s", base.jsonl(d, fsync=True)),
         "raw-write": ("rec/s", base.raw_write(d)),
@@ -230,7 +231,7 @@ def dispatch_group(
         "walj-dispatch": ("calls/s", bench_walj.dispatch(walj, d)),
         "dispatch-raw-fsync": ("calls/s", base.raw_fsync(d)),
         "dispatch-raw-prealloc": ("calls/s", bench_limits.raw_prealloc(
-            d, bench_limits.prealloc_size(cfg.scale))),
+            d, cfg.workdir / "homes" / "dispatch-prealloc", bench_limits.prealloc_size(cfg.scale))),
         "walj-dispatch-nosync": ("calls/s", bench_walj.dispatch(walj, d, null_sync=True)),
         "walj-two-appends": ("calls/s", bench_walj.pair_append(walj, d)),
     }

@@ -67,9 +67,11 @@ def session_measures(cfg: Config, walj: ModuleType | None, counts: list[int], d:
                 m[name] = ("calls/s", missing or fn(walj, d, n, cfg.workdir / "homes" / name,
                                                     mode, default))
         m[f"sessions-raw-{n}"] = ("calls/s", bench_sessions.raw_threads(d, n))
+        homes = cfg.workdir / "homes"
         m[f"sessions-raw-prealloc-{n}"] = ("calls/s", bench_sessions.raw_prealloc_threads(
-            d, n, cfg.scale))
-        m[f"sessions-syncfs-{n}"] = ("calls/s", bench_sessions.syncfs_rounds(d, n, cfg.scale))
+            d, n, cfg.scale, homes / f"raw-prealloc-{n}"))
+        m[f"sessions-syncfs-{n}"] = ("calls/s", bench_sessions.syncfs_rounds(
+            d, n, cfg.scale, homes / f"syncfs-{n}"))
         if _runs_at("sqlite_each", n):
             m[f"sessions-sqlite-each-{n}"] = ("calls/s", bench_sessions.sqlite_per_session(d, n))
         if _runs_at("sqlite_shared", n):

@@ -6,9 +6,9 @@ metadata, so `pwrite` + `fdatasync` into a zero-filled file is the fastest durab
 record a file system offers. `syncfs` flushes a whole file system in one call, so one call per
 round can cover every file with a pending write: the limit of a process that owns its volume.
 
-Every file here is zero-filled and synced before the timed loop; a loop that reaches the end of
-its file wraps to offset 0 (still an overwrite of allocated, written space), so the files stay
-small whatever the rate.
+Every file here is zero-filled and synced before the first timed loop of its series and kept for
+the later ones; a loop that reaches the end of its file wraps to offset 0 (still an overwrite
+of allocated, written space), so the files stay small whatever the rate.
 """
 
 from __future__ import annotations
@@ -26,48 +26,44 @@ from bench_core import Measure, Sample, Skip, timed_loop
 
 MiB = 1 << 20
 PREALLOC_BYTES = 64 * MiB  # the single-file loop's file, written and synced once
-PREALLOC_TOTAL = 64 * MiB  # shared by the files of a many-file loop
-PREALLOC_MIN = 64 * 1024  # no file smaller: a wrap every ~300 records at most
+PREALLOC_TOTAL = 16 * MiB  # shared by the files of a many-file loop
+PREALLOC_MIN = 16 * 1024  # no file smaller: a wrap every ~80 records at most
 ZEROS = bytes(MiB)
 
 
-def zero_filled(path: Path, size: int, sync: bool = True) -> int:
-    """Create `path` holding `size` zero bytes, synced with its directory (unless `sync` is
-    False: the caller syncs many at once); return an fd open for writing (not O_APPEND: the
-    loop writes at its own offsets)."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+def zero_filled(path: Path, size: int) -> None:
+    """Make `path` hold `size` zero bytes, fsynced (its directory is the caller's to sync)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         left = size
         while left > 0:
             left -= os.write(fd, ZEROS[: min(left, len(ZEROS))])
-        if sync:
-            os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        raise
-    if sync:
-        _sync_dir(path.parent)
-    return fd
-
-
-def _sync_dir(path: Path) -> None:
-    dfd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
+        os.fsync(fd)
     finally:
-        os.close(dfd)
+        os.close(fd)
 
 
-def zero_filled_files(d: Path, stem: str, n: int, size: int) -> list[int]:
-    """n zero-filled files in `d`, made durable before any loop starts: one `syncfs` for all
-    where there is one (a thousand fsyncs would take seconds of setup), else an fsync each."""
-    syncfs = syncfs_call()
+def prepared_files(home: Path, stem: str, n: int, size: int) -> list[int]:
+    """n files of `size` bytes in `home`, allocated and durable, open for writing (not
+    O_APPEND: a loop writes at its own offsets). They are made once, zero-filled, and kept
+    for the series' later rounds, which overwrite them again: space allocated and written
+    either way, and no round pays for writing megabytes before it starts."""
+    home.mkdir(parents=True, exist_ok=True)
+    made = False
     fds: list[int] = []
     try:
         for k in range(n):
-            fds.append(zero_filled(d / f"{stem}{k}.jsonl", size, sync=syncfs is None))
-        if syncfs is not None:
-            syncfs(fds[0])
+            path = home / f"{stem}{k}.jsonl"
+            if not path.is_file() or path.stat().st_size != size:
+                zero_filled(path, size)
+                made = True
+            fds.append(os.open(path, os.O_RDWR))
+        if made:
+            dfd = os.open(home, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
     except BaseException:
         for fd in fds:
             os.close(fd)
@@ -100,12 +96,12 @@ def prealloc_size(scale: float, files: int = 1) -> int:
     return max(PREALLOC_MIN, int(total * min(1.0, scale)) // files)
 
 
-def raw_prealloc(duration: float, size: int = PREALLOC_BYTES) -> Measure:
+def raw_prealloc(duration: float, home: Path, size: int = PREALLOC_BYTES) -> Measure:
     """pwrite of a pre-encoded line into a zero-filled file + fdatasync: one durable append
-    with no metadata to commit, the file system's physical limit."""
+    with no metadata to commit, the file system's physical limit. The file lives in `home`."""
 
-    def measure(d: Path) -> Sample:
-        fd = zero_filled(d / "prealloc.jsonl", size)
+    def measure(_d: Path) -> Sample:
+        (fd,) = prepared_files(home, "prealloc", 1, size)
         try:
             write_one = overwriter(fd, size)
             return timed_loop(lambda _i: write_one(), duration)
@@ -118,6 +114,7 @@ def raw_prealloc(duration: float, size: int = PREALLOC_BYTES) -> Measure:
 def raw_prealloc_threads(
     duration: float,
     n: int,
+    home: Path,
     size: int,
     timed: Callable[[int, float, Callable[..., tuple[Callable[[int], object],
                                                      Callable[[], None]]]], Sample] = run_threads,
@@ -125,8 +122,8 @@ def raw_prealloc_threads(
     """A thread per zero-filled file, pwrite + fdatasync each: the parallel physical limit.
     `timed` runs the threads (run_threads, or a variant that also measures CPU)."""
 
-    def measure(d: Path) -> Sample:
-        fds = zero_filled_files(d, "prealloc", n, size)
+    def measure(_d: Path) -> Sample:
+        fds = prepared_files(home, "prealloc", n, size)
         try:
 
             def make_op(k: int) -> tuple[Callable[[int], object], Callable[[], None]]:
@@ -219,17 +216,18 @@ class SyncfsRounds:
 def syncfs_rounds(
     duration: float,
     n: int,
+    home: Path,
     size: int,
     timed: Callable[[int, float, Callable[..., tuple[Callable[[int], object],
                                                      Callable[[], None]]]], Sample] = run_threads,
 ) -> Measure:
     """n threads, a zero-filled file each: pwrite, then wait for the next syncfs round."""
 
-    def measure(d: Path) -> Sample:
+    def measure(_d: Path) -> Sample:
         syncfs = syncfs_call()
         if syncfs is None:
             raise Skip("syncfs is Linux-only")
-        fds = zero_filled_files(d, "round", n, size)
+        fds = prepared_files(home, "round", n, size)
         rounds = SyncfsRounds(syncfs, fds[0])
         try:
 

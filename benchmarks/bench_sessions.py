@@ -235,9 +235,9 @@ def raw_threads(duration: float, n: int) -> Measure:
     return measure
 
 
-def raw_prealloc_threads(duration: float, n: int, scale: float) -> Measure:
+def raw_prealloc_threads(duration: float, n: int, scale: float, home: Path) -> Measure:
     """The physical limit of a file each: a thread per zero-filled file, pwrite + fdatasync."""
-    inner = limits.raw_prealloc_threads(duration, n, limits.prealloc_size(scale, n),
+    inner = limits.raw_prealloc_threads(duration, n, home, limits.prealloc_size(scale, n),
                                         threads_cpu_per_write)
 
     def measure(d: Path) -> Sample:
@@ -247,10 +247,10 @@ def raw_prealloc_threads(duration: float, n: int, scale: float) -> Measure:
     return measure
 
 
-def syncfs_rounds(duration: float, n: int, scale: float) -> Measure:
+def syncfs_rounds(duration: float, n: int, scale: float, home: Path) -> Measure:
     """The physical limit of a dedicated volume: a thread per zero-filled file, pwrite, then
     the next round's single `syncfs`."""
-    inner = limits.syncfs_rounds(duration, n, limits.prealloc_size(scale, n),
+    inner = limits.syncfs_rounds(duration, n, home, limits.prealloc_size(scale, n),
                                  threads_cpu_per_write)
 
     def measure(d: Path) -> Sample:

@@ -275,7 +275,7 @@ def test_a_syncfs_round_releases_only_the_writes_it_began_after(tmp_path: Path) 
         syncfs(fd)
         syncs.append((began, next(seq)))
 
-    fds = limits.zero_filled_files(tmp_path, "round", 4, limits.PREALLOC_MIN)
+    fds = limits.prepared_files(tmp_path, "round", 4, limits.PREALLOC_MIN)
     rounds = limits.SyncfsRounds(recorded, fds[0])
     waits: list[tuple[int, int]] = []
 
