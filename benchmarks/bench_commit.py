@@ -35,12 +35,16 @@ def service_missing(walj: ModuleType | None) -> str | None:
     return None
 
 
+DEFAULT_MODE = "files"  # the service's default as issue 25 specifies it
+
+
 def default_mode(walj: ModuleType | None) -> str | None:
-    """The mode walj runs in when nobody chose one, when its stats name it."""
+    """The mode walj runs in when nobody chose one: the one its stats name, else
+    DEFAULT_MODE; None without a commit service."""
     if service_missing(walj) or walj is None:
         return None
     mode = stats(walj).get("mode")
-    return mode if isinstance(mode, str) else None
+    return mode if isinstance(mode, str) and mode in COMMIT_MODES else DEFAULT_MODE
 
 
 def stats(walj: ModuleType | None) -> dict[str, Any]:

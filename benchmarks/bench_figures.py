@@ -253,7 +253,8 @@ def dispatch_group(
         "durable no-op tool dispatch",
         s["walj-dispatch"],
         s["dispatch-raw-prealloc"],
-        measures="the same",
+        measures="intent record, handler, outcome record, each written and fsynced "
+        "(`sync=\"always\"`)",
         baseline="½ the rate of the raw `pwrite` into a zero-filled file + `fdatasync` loop: "
         "the physical ceiling for two durable records a call",
         base_scale=0.5,

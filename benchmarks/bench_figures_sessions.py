@@ -43,8 +43,8 @@ def _runs_at(ref: str, n: int) -> bool:
 
 
 def _modes(walj: ModuleType | None) -> tuple[list[str], str | None, str | None]:
-    """(the commit modes to measure beside the default, the default's name when walj says it,
-    why the modes cannot be measured or None)."""
+    """(the commit modes to measure beside the default, the default's name (None without a
+    commit service), why the modes cannot be measured or None)."""
     missing = bench_commit.service_missing(walj)
     if missing:
         return list(bench_commit.COMMIT_MODES), None, missing
@@ -58,9 +58,9 @@ def session_measures(cfg: Config, walj: ModuleType | None, counts: list[int], d:
     walj_measures = {"async": bench_sessions.walj_async, "threads": bench_sessions.walj_threads}
     m: Measures = {}
     for n in counts:
-        for api, fn in walj_measures.items():
+        for api, fn in walj_measures.items():  # the default mode, set by name when there is one
             name = f"sessions-{api}-{n}"
-            m[name] = ("calls/s", fn(walj, d, n, cfg.workdir / "homes" / name))
+            m[name] = ("calls/s", fn(walj, d, n, cfg.workdir / "homes" / name, default, default))
         for mode in modes:
             for api, fn in walj_measures.items():
                 name = f"sessions-{api}-{mode}-{n}"

@@ -192,6 +192,11 @@ def test_the_readme_block_renders_from_a_quick_run(
     assert "not measured in this run" not in block
     assert "short, scaled-down run" in block  # a quick run says it is one
     assert doc["machine"] in block
+    # The physical-limit rows the run measured are published beside the naive ones.
+    rows = {r["id"]: r for r in doc["rows"]}
+    physical = block[block.index("Against the physical limit"):]
+    for row_id in ("limit.prealloc", "durable.prealloc", "dispatch.prealloc"):
+        assert _load_renderer().what(rows[row_id]) in physical, row_id
 
 
 def test_plots_or_a_note(quick_run: tuple[Path, dict[str, Any]]) -> None:
