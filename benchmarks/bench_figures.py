@@ -291,7 +291,7 @@ def syscalls_figure(
 ) -> tuple[dict[str, Series], Row]:
     """System calls per durable dispatch under `strace -f -c`; the counts are exact, so two
     rounds are enough."""
-    n = max(50, int(500 * cfg.scale))
+    n = max(50, int((200 if cfg.quick else 1000) * cfg.scale))
     env = child_env(walj)
     missing = bench_syscalls.strace_missing() or bench_walj.journal_missing(walj)
     m: Measures = {

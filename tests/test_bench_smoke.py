@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import fcntl
 import importlib.util
 import itertools
 import json
@@ -65,6 +66,32 @@ EXPECTED = LOG_ROWS + JOURNAL_ROWS + ZIPAPP_ROWS + SESSION_ROWS + SWEEP_ROWS
 PLOTS = ["group_commit.png", "sessions.png", "open_time.png", "latency.png"]
 
 
+def _shared_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This test run's directory for the harness run: under pytest-xdist, one for every
+    worker of the run (their base directories share a parent); else a fresh one."""
+    uid = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if uid is None:
+        return tmp_path_factory.mktemp("bench")
+    path = tmp_path_factory.getbasetemp().parent / f"bench-smoke-{uid}"
+    path.mkdir(exist_ok=True)
+    return path
+
+
+def _run_harness(tmp: Path) -> None:
+    pyz = tmp / "walj-forensic.pyz"
+    build = subprocess.run(
+        [sys.executable, str(BUILD_ZIPAPP), "--output", str(pyz)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert build.returncode == 0 and pyz.is_file(), build.stderr
+    cmd = [
+        sys.executable, str(RUN), "--quick", "--scale", "0.04", "--reps", str(REPS),
+        "--out", str(tmp / "out"), "--dir", str(tmp / "work"), "--zipapp", str(pyz),
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
 def _load_renderer() -> ModuleType:
     module: ModuleType = load_script(ROOT / "benchmarks" / "readme_table.py")
     return module
@@ -72,21 +99,17 @@ def _load_renderer() -> ModuleType:
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
-    """A tiny quick run with a freshly built zipapp, so that every row must be measured."""
-    tmp = tmp_path_factory.mktemp("bench")
-    pyz = tmp / "walj-forensic.pyz"
-    build = subprocess.run(
-        [sys.executable, str(BUILD_ZIPAPP), "--output", str(pyz)],
-        capture_output=True, text=True, timeout=120, check=False,
-    )
-    assert build.returncode == 0 and pyz.is_file(), build.stderr
+    """A tiny quick run with a freshly built zipapp, so that every row must be measured.
+
+    Parallel test workers share one run: each worker would otherwise start its own, and two
+    harness runs on two busy cores each took the other's time (170-180 s, at the timeout,
+    where one alone took under 100 s)."""
+    tmp = _shared_dir(tmp_path_factory)
+    with (tmp.parent / f"{tmp.name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not (tmp / "out" / "latest.json").is_file():
+            _run_harness(tmp)
     out = tmp / "out"
-    cmd = [
-        sys.executable, str(RUN), "--quick", "--scale", "0.04", "--reps", str(REPS),
-        "--out", str(out), "--dir", str(tmp / "work"), "--zipapp", str(pyz),
-    ]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, check=False)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = json.loads((out / "latest.json").read_text(encoding="utf-8"))
     return out, doc
 
