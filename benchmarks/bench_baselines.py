@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
@@ -145,15 +146,37 @@ def run_threads(
     n_threads: int,
     duration: float,
     make_op: Callable[[int], tuple[Callable[[int], object], Callable[[], None]]],
+    cpu_clock: Callable[[], float] | None = None,
 ) -> Sample:
-    """Throughput of n threads calling their op until told to stop.
+    """Throughput of n threads calling their op until the window closes.
 
     `make_op(k)` runs inside thread k before the start line and returns (op, cleanup).
-    The rate is all completed ops over the time from the start line to the last thread's end.
+    The rate is all completed ops over the time from the start line to the end of the last
+    op to complete; cleanup runs after every thread has finished, outside the window. With a
+    `cpu_clock`, the CPU it reads across the window (setup and cleanup left out) is put in
+    the sample's extras as "window_cpu_s".
+
+    The start line's time is read by the barrier's action, as the last thread arrives and
+    before any is released, and each thread stops itself at the deadline: with a thousand
+    threads the main thread may not run for seconds, so it neither reads the start (it came
+    late, and the ops of that time counted in a window that left it out) nor says stop (the
+    window ran on for a minute).
     """
-    barrier = threading.Barrier(n_threads + 1)
+    clock = time.perf_counter
+    read_cpu = cpu_clock or (lambda: 0.0)
+    window: list[float] = []
+    cpu: list[float] = []
+
+    def start_line() -> None:
+        cpu.append(read_cpu())
+        now = clock()
+        window.extend((now, now + duration))
+
+    start_bar = threading.Barrier(n_threads + 1, action=start_line)
+    end_bar = threading.Barrier(n_threads, action=lambda: cpu.append(read_cpu()))
     stop = threading.Event()
     counts = [0] * n_threads
+    ends = [0.0] * n_threads
     errors: list[BaseException] = []
 
     def worker(k: int) -> None:
@@ -161,39 +184,42 @@ def run_threads(
             op, cleanup = make_op(k)
         except BaseException as exc:  # noqa: BLE001 - reported to the caller below
             errors.append(exc)
-            barrier.abort()
+            start_bar.abort()
+            end_bar.abort()
             return
         try:
-            barrier.wait()
+            start_bar.wait()
+            deadline = window[1]
             n = 0
             base = k << 40
-            while not stop.is_set():
+            while clock() < deadline and not stop.is_set():
                 op(base + n)
                 n += 1
+            ends[k] = clock()
             counts[k] = n
         except BaseException as exc:  # noqa: BLE001
             errors.append(exc)
             stop.set()
         finally:
+            with contextlib.suppress(threading.BrokenBarrierError):
+                end_bar.wait()
             cleanup()
 
     threads = [threading.Thread(target=worker, args=(k,), daemon=True) for k in range(n_threads)]
     for t in threads:
         t.start()
-    try:
-        barrier.wait()
-    except threading.BrokenBarrierError:
-        pass
-    start = time.perf_counter()
-    time.sleep(duration)
-    stop.set()
+    with contextlib.suppress(threading.BrokenBarrierError):
+        start_bar.wait()
     for t in threads:
         t.join()
-    elapsed = time.perf_counter() - start
     if errors:
         raise errors[0] if isinstance(errors[0], Exception) else RuntimeError(repr(errors[0]))
+    elapsed = max(ends) - window[0]
     total = sum(counts)
-    return Sample(value=total / elapsed, ops=total, seconds=elapsed)
+    sample = Sample(value=total / elapsed, ops=total, seconds=elapsed)
+    if cpu_clock is not None and len(cpu) == 2:
+        sample.extra["window_cpu_s"] = cpu[1] - cpu[0]
+    return sample
 
 
 def sqlite_threads(duration: float, n_threads: int) -> Callable[[Path], Sample]:

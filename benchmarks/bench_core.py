@@ -79,6 +79,7 @@ class Config:
     zipapp: Path | None
     keep: bool = False
     command: str = ""
+    sessions: list[int] = field(default_factory=list)  # session counts; empty: the mode's
 
 
 def mode_defaults(quick: bool, scale: float, reps: int | None) -> tuple[int, int, float, list[int]]:

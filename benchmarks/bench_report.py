@@ -221,6 +221,11 @@ def plot(out: Path, series: dict[str, Series], threads: list[int], sizes: list[i
             ("sessions-async-", "walj, asyncio adispatch", "o-"),
             ("sessions-threads-", "walj, a thread per session", "s-"),
             ("sessions-raw-", "raw write+fdatasync per file (limit)", "k:"),
+            ("sessions-raw-prealloc-", "raw pwrite into zero-filled files + fdatasync "
+             "(physical limit)", "k--"),
+            ("sessions-syncfs-", "raw syncfs rounds (dedicated volume)", "k-."),
+            ("sessions-threads-files-", "walj threads, commit mode files", "s:"),
+            ("sessions-threads-syncfs-", "walj threads, commit mode syncfs", "D:"),
             ("sessions-sqlite-each-", "SQLite FULL, a database per session", "^--"),
             ("sessions-sqlite-shared-", "SQLite FULL, one shared database", "v--"),
         ):

@@ -22,6 +22,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import bench_limits as limits
 from bench_baselines import (
     INSERT,
     RAW_LINE,
@@ -31,14 +32,21 @@ from bench_baselines import (
     sqlite_connect,
     sqlite_create,
 )
-from bench_core import Measure, Sample, make_record, timed_loop
+from bench_commit import ServiceWindow, commit_mode, raise_open_files
+from bench_core import Measure, Sample, Skip, make_record, timed_loop
 from bench_walj import _noop, journal_missing
 
-SESSIONS = [1, 8, 64, 256]
-QUICK_SESSIONS = [1, 8, 64]
+SESSIONS = [1, 8, 64, 256, 1024]
+QUICK_SESSIONS = [1, 8, 64]  # a thousand fresh journals take seconds to create: full runs
 WRITES_PER_CALL = 2  # an intent and a terminal record, each synced
 MIN_WINDOW_SECONDS = 0.1  # CPU time is sampled per tick: a window spans many
-CPU_WINDOWS = 5  # windows of the same load run at most, until one sees user CPU
+# Linux's user time (getrusage) is the thread group's precise run time split by the ratio of
+# user to system ticks since the process began, and never allowed to go back: after a past
+# heavy in user time, a loop that sleeps in fdatasync sees its user time stay flat for many
+# windows (0.4 s seen). So the same load runs again until user time moves, for up to
+# CPU_MAX_SECONDS of windows, and the figures cover every window run.
+CPU_MAX_SECONDS = 3.0
+FILES_PER_SESSION = 4  # a journal's two descriptors, or a SQLite database's three, and spare
 
 
 def _cpu_user() -> float:
@@ -66,39 +74,77 @@ def _as_calls(sample: Sample) -> Sample:
     return sample
 
 
-def _threads_with_cpu(n: int, duration: float,
-                      make_op: Callable[[int], tuple[Callable[[int], object],
-                                                     Callable[[], None]]]) -> Sample:
-    """run_threads, with the user CPU of its window. A window in which no user-mode tick
-    landed (threads asleep in fdatasync on a busy machine) measured no CPU, so the same load
-    runs again, up to CPU_WINDOWS windows in all, and the figures cover every window run."""
+def _windows_with_cpu(window: Callable[[], Sample],
+                      service: ServiceWindow | None = None) -> Sample:
+    """Run `window` until the process's user time moves (see CPU_MAX_SECONDS); the rate,
+    user CPU per op and the commit service's counters over every window run. A window reads
+    the user time at its start and end lines itself ("window_cpu_s"): the setup around it (a
+    thousand journals opened, turns entered) is not the calls' CPU."""
     ops, seconds, cpu_seconds = 0, 0.0, 0.0
-    for _ in range(CPU_WINDOWS):
-        cpu = _cpu_user()
-        sample = run_threads(n, duration, make_op)
-        cpu_seconds += _cpu_user() - cpu
+    extra: dict[str, float] = {}
+    while True:
+        sample = window()
+        cpu_seconds += sample.extra.pop("window_cpu_s")
         ops, seconds = ops + sample.ops, seconds + sample.seconds
-        if cpu_seconds > 0:
+        extra.update(sample.extra)
+        if cpu_seconds > 0 or seconds >= CPU_MAX_SECONDS:
             break
-    if seconds > sample.seconds:  # more than one window: the rate over all of them
-        sample = Sample(value=ops / seconds, ops=ops, seconds=seconds)
+    if service is not None:
+        extra.update(service.extras(ops, seconds))
+    sample = Sample(value=ops / seconds if seconds else 0.0, ops=ops, seconds=seconds,
+                    extra=extra)
     return _with_cpu(sample, cpu_seconds, ops)
+
+
+MakeOp = Callable[[int], tuple[Callable[[int], object], Callable[[], None]]]
+
+
+def _threads_with_cpu(n: int, duration: float, make_op: MakeOp,
+                      service: ServiceWindow | None = None) -> Sample:
+    """run_threads, with the user CPU of its windows (see _windows_with_cpu)."""
+    def lines() -> float:  # read at the window's start and end lines
+        if service is not None:
+            service.mark()
+        return _cpu_user()
+
+    return _windows_with_cpu(lambda: run_threads(n, duration, make_op, lines), service)
+
+
+def threads_cpu_per_write(n: int, duration: float, make_op: MakeOp) -> Sample:
+    """A raw baseline's threads: its user CPU per durable write, its rate in calls of two."""
+    sample = _threads_with_cpu(n, duration, make_op)
+    if "user_cpu_us_per_call" in sample.extra:
+        sample.extra["user_cpu_us_per_write"] = sample.extra.pop("user_cpu_us_per_call")
+    return _as_calls(sample)
+
+
+def enough_files(n: int) -> None:
+    """Raise the open-files limit for n sessions, or skip the figure saying why it cannot."""
+    reason = raise_open_files(FILES_PER_SESSION * n + 256)
+    if reason:
+        raise Skip(reason)
 
 
 async def _anoop(**_kwargs: Any) -> None:
     return None
 
 
-def walj_threads(walj: ModuleType | None, duration: float, n: int) -> Measure | str:
-    """A thread per session, each its own journal and turn, `turn.dispatch` of a no-op."""
+def walj_threads(walj: ModuleType | None, duration: float, n: int, home: Path,
+                 mode: str | None = None, restore: str | None = None) -> Measure | str:
+    """A thread per session, each its own journal and turn, `turn.dispatch` of a no-op; in
+    commit mode `mode` (None: the one walj is in), putting back `restore` after. The journals
+    live in `home`, kept from one round to the next: a round reopens them, as a server does,
+    instead of creating a thousand (each creation syncs its files and directories)."""
     missing = journal_missing(walj)
     if missing or walj is None:
         return missing or "walj not importable"
     wal = walj
 
-    def measure(d: Path) -> Sample:
+    def measure(_d: Path) -> Sample:
+        enough_files(n)
+
         def make_op(k: int) -> tuple[Callable[[int], object], Callable[[], None]]:
-            journal = wal.ToolJournal.open(d / f"s{k}", tools={"noop": _noop}, sync="always")
+            journal = wal.ToolJournal.open(home / f"s{k}", tools={"noop": _noop}, sync="always")
             turn = journal.turn()
             turn.__enter__()
 
@@ -111,60 +157,79 @@ def walj_threads(walj: ModuleType | None, duration: float, n: int) -> Measure | 
 
             return op, cleanup
 
-        return _threads_with_cpu(n, duration, make_op)
+        with commit_mode(wal, mode, restore):
+            return _threads_with_cpu(n, duration, make_op, ServiceWindow(wal))
 
     return measure
 
 
-def walj_async(walj: ModuleType | None, duration: float, n: int) -> Measure | str:
+def walj_async(walj: ModuleType | None, duration: float, n: int, home: Path,
+               mode: str | None = None, restore: str | None = None) -> Measure | str:
     """One asyncio loop, a task per session, each its own journal and turn, `adispatch` of an
-    async no-op."""
+    async no-op; its journals in `home` and its commit mode as walj_threads'."""
     missing = journal_missing(walj)
     if missing or walj is None:
         return missing or "walj not importable"
     wal = walj
 
-    def measure(d: Path) -> Sample:
-        journals = [wal.ToolJournal.open(d / f"s{k}", tools={"noop": _anoop}, sync="always")
-                    for k in range(n)]
-        counts = [0] * n
-
-        async def session(k: int, stop: asyncio.Event, go: asyncio.Event) -> None:
-            async with journals[k].turn() as turn:
-                await go.wait()
-                i = 0
-                while not stop.is_set():
-                    await turn.adispatch("noop", {"x": i})
-                    i += 1
-                counts[k] = i
-
-        async def main() -> tuple[float, float]:
-            stop, go = asyncio.Event(), asyncio.Event()
-            tasks = [asyncio.ensure_future(session(k, stop, go)) for k in range(n)]
-            await asyncio.sleep(0.05)  # every turn entered
-            cpu, start = _cpu_user(), time.perf_counter()
-            go.set()
-            await asyncio.sleep(duration)
-            stop.set()
-            await asyncio.gather(*tasks)
-            return time.perf_counter() - start, _cpu_user() - cpu
-
-        try:
-            elapsed, cpu = asyncio.run(main())
-        finally:
-            for journal in journals:
-                journal.close()
-        total = sum(counts)
-        return _with_cpu(Sample(value=total / elapsed, ops=total, seconds=elapsed), cpu, total)
+    def measure(_d: Path) -> Sample:
+        enough_files(n)
+        with commit_mode(wal, mode, restore):
+            journals = [wal.ToolJournal.open(home / f"s{k}", tools={"noop": _anoop},
+                                             sync="always") for k in range(n)]
+            try:
+                service = ServiceWindow(wal)
+                return _windows_with_cpu(lambda: _async_window(journals, duration, service),
+                                         service)
+            finally:
+                for journal in journals:
+                    journal.close()
 
     return measure
 
 
+def _async_window(journals: list[Any], duration: float, service: ServiceWindow) -> Sample:
+    """One timed window of every journal's task dispatching in its own turn."""
+    n = len(journals)
+    counts = [0] * n
+
+    async def session(k: int, stop: asyncio.Event, go: asyncio.Event) -> None:
+        async with journals[k].turn() as turn:
+            await go.wait()
+            i = 0
+            while not stop.is_set():
+                await turn.adispatch("noop", {"x": i})
+                i += 1
+            counts[k] = i
+
+    async def main() -> tuple[float, float]:
+        stop, go = asyncio.Event(), asyncio.Event()
+        tasks = [asyncio.ensure_future(session(k, stop, go)) for k in range(n)]
+        await asyncio.sleep(0.05)  # every turn entered
+        service.mark()
+        cpu, start = _cpu_user(), time.perf_counter()
+        go.set()
+        await asyncio.sleep(duration)
+        stop.set()
+        await asyncio.gather(*tasks)
+        elapsed, cpu = time.perf_counter() - start, _cpu_user() - cpu
+        service.mark()
+        return elapsed, cpu
+
+    elapsed, cpu = asyncio.run(main())
+    total = sum(counts)
+    return Sample(value=total / elapsed, ops=total, seconds=elapsed,
+                  extra={"window_cpu_s": cpu})
+
+
 def raw_threads(duration: float, n: int) -> Measure:
-    """The limit: a thread per file, raw `os.write` of a pre-encoded line + `fdatasync`."""
+    """The naive limit: a thread per file, raw `os.write` of a pre-encoded line, O_APPEND, +
+    `fdatasync`."""
     sync = _datasync()
 
     def measure(d: Path) -> Sample:
+        enough_files(n)
+
         def make_op(k: int) -> tuple[Callable[[int], object], Callable[[], None]]:
             fd = os.open(d / f"raw{k}.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
 
@@ -174,11 +239,32 @@ def raw_threads(duration: float, n: int) -> Measure:
 
             return op, lambda: os.close(fd)
 
-        sample = _threads_with_cpu(n, duration, make_op)
-        # CPU per write+fdatasync, before the rate is turned into calls of two.
-        if "user_cpu_us_per_call" in sample.extra:
-            sample.extra["user_cpu_us_per_write"] = sample.extra.pop("user_cpu_us_per_call")
-        return _as_calls(sample)
+        return threads_cpu_per_write(n, duration, make_op)
+
+    return measure
+
+
+def raw_prealloc_threads(duration: float, n: int, scale: float, home: Path) -> Measure:
+    """The physical limit of a file each: a thread per zero-filled file, pwrite + fdatasync."""
+    inner = limits.raw_prealloc_threads(duration, n, home, limits.prealloc_size(scale, n),
+                                        threads_cpu_per_write)
+
+    def measure(d: Path) -> Sample:
+        enough_files(n)
+        return inner(d)
+
+    return measure
+
+
+def syncfs_rounds(duration: float, n: int, scale: float, home: Path) -> Measure:
+    """The physical limit of a dedicated volume: a thread per zero-filled file, pwrite, then
+    the next round's single `syncfs`."""
+    inner = limits.syncfs_rounds(duration, n, home, limits.prealloc_size(scale, n),
+                                 threads_cpu_per_write)
+
+    def measure(d: Path) -> Sample:
+        enough_files(n)
+        return inner(d)
 
     return measure
 
@@ -198,6 +284,7 @@ def sqlite_per_session(duration: float, n: int) -> Measure:
 
             return op, conn.close
 
+        enough_files(n)
         return _as_calls(_threads_with_cpu(n, duration, make_op))
 
     return measure

@@ -139,6 +139,29 @@ def append(walj: ModuleType | None, duration: float, sync: str) -> Measure | str
     return measure
 
 
+def append_many(walj: ModuleType | None, duration: float, batch: int) -> Measure | str:
+    """One log.append_many of `batch` records per op, sync="never"; the rate in records/s."""
+    missing = log_missing(walj)
+    if missing or walj is None:
+        return missing or "walj not importable"
+    wal = walj
+
+    def measure(d: Path) -> Sample:
+        log = wal.Log.open(d / "log", sync="never")
+        try:
+            many = log.append_many
+            sample = timed_loop(
+                lambda i: many([make_record(i * batch + k) for k in range(batch)]),
+                duration, latencies=False)
+        finally:
+            log.close()
+        sample.ops *= batch
+        sample.value *= batch
+        return sample
+
+    return measure
+
+
 def pair_append(walj: ModuleType | None, duration: float) -> Measure | str:
     """Two log.append calls per op, sync="always" with the syncs counted and not made: the
     log's part of a dispatch without its fsyncs."""

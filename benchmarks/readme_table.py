@@ -56,6 +56,21 @@ TABLE = [
     "sweep.archived_rss",
 ]
 
+# Against the physical limits (issue 25): shown when the run measured them, after the table.
+PHYSICAL = [
+    "limit.prealloc",
+    "durable.prealloc",
+    "dispatch.prealloc",
+    "dispatch.syscalls",
+    "unsynced.many",
+    "sessions.limit.prealloc.64",
+    "sessions.limit.syncfs.64",
+] + [
+    f"sessions.{api}.{ref}.64"
+    for api in ("async", "threads")
+    for ref in ("raw_prealloc", "raw_syncfs", "inline_mode", "files_mode", "syncfs_mode")
+]
+
 Rows = dict[str, dict[str, Any]]
 
 
@@ -111,6 +126,33 @@ def group_table(doc: dict[str, Any], rows: Rows) -> list[str]:
     return lines
 
 
+def physical_table(rows: Rows) -> list[str]:
+    """The rows against the physical limits (overwrite of preallocated space, syncfs rounds)
+    and the counted system calls; nothing when the run measured none of them."""
+    shown = [row_id for row_id in PHYSICAL if row_id in rows]
+    if not shown:
+        return []
+    lines = [
+        "",
+        "Against the physical limit (overwrites of zero-filled space need no metadata synced; "
+        "one `syncfs` a round covers every file of a dedicated volume), system calls counted "
+        "with `strace -f -c`, and the process-wide commit service's modes:",
+        "",
+        "| figure: what walj does | walj | baseline, same run (what it is) | ratio | counted |",
+        "|---|---|---|---|---|",
+    ]
+    for row_id in shown:
+        row = rows[row_id]
+        base = _value(row, "baseline")
+        counted = ", ".join(f"{k.replace('_', ' ')} {v:.2f}"
+                            for k, v in row.get("extra", {}).items()) or "—"
+        cells = [what(row), _value(row, "walj"),
+                 f"{base} ({row['baseline_is']})" if row["baseline_is"] else base,
+                 ratio_text(row["ratio"]), counted]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return lines
+
+
 def sessions_table(doc: dict[str, Any], rows: Rows) -> list[str]:
     """Many sessions in one process: walj's two modes against the limit and SQLite; nothing
     when the run had no sessions family."""
@@ -139,19 +181,51 @@ def sessions_table(doc: dict[str, Any], rows: Rows) -> list[str]:
             cells.append("—" if row is None else _value(row, "baseline"))
         for mode in ("async", "threads"):
             vs_raw = get(f"sessions.{mode}.raw.{n}")
-            vs_each = get(f"sessions.{mode}.sqlite_each.{n}")
-            if vs_raw is None or vs_each is None:
+            vs_each = get(f"sessions.{mode}.sqlite_each.{n}")  # not run at every count
+            if vs_raw is None:
                 cells.append("—")
                 continue
+            each_ratio = "—" if vs_each is None else ratio_text(vs_each["ratio"])
             cells.append(f"{_value(vs_raw, 'walj')} ({ratio_text(vs_raw['ratio'])}, "
-                         f"{ratio_text(vs_each['ratio'])})")
+                         f"{each_ratio})")
         cpu = [get(f"sessions.cpu.{mode}.{n}") for mode in ("async", "threads")]
         shown = [("—" if c is None or c["walj"] is None else f"{c['walj']:.0f}") for c in cpu]
         base = cpu[0]["baseline"] if cpu[0] is not None else None
         cells.append(" / ".join(shown) + ("" if base is None else f" ({base:.0f})"))
         lines.append("| " + " | ".join(cells) + " |")
+    lines += service_table(rows, counts)
     if "sessions.png" in doc.get("plots", []):
         lines += ["", "![durable dispatch against sessions](benchmarks/results/sessions.png)"]
+    return lines
+
+
+COMMIT_MODES = ("default", "inline", "files", "syncfs")
+
+
+def service_table(rows: Rows, counts: list[int]) -> list[str]:
+    """The commit service in each mode, a thread per session: dispatches/s (× the naive
+    limit), its rounds/s and threads; nothing when the run saw no commit service."""
+    def row_of(mode: str, n: int) -> dict[str, Any] | None:
+        row_id = f"sessions.threads.raw.{n}" if mode == "default" else \
+            f"sessions.threads.{mode}_mode.{n}"
+        return rows.get(row_id)
+
+    found = [(mode, n, row) for n in counts for mode in COMMIT_MODES
+             if (row := row_of(mode, n)) is not None and not row["status"]
+             and "commit_rounds_per_s" in row.get("extra", {})]
+    if not found:
+        return []
+    lines = ["", "The process-wide commit service, a thread per session, in each commit mode:",
+             "", "| sessions | mode | walj (× raw thread per file) | rounds/s | calls per round "
+             "| service threads |", "|---|---|---|---|---|---|"]
+    for mode, n, row in found:
+        extra = row["extra"]
+        per_round = extra.get("calls_per_round")
+        threads = extra.get("commit_threads")
+        lines.append(f"| {n} | {mode} | {_value(row, 'walj')} ({ratio_text(row['ratio'])}) | "
+                     f"{extra['commit_rounds_per_s']:,.0f} | "
+                     f"{'—' if per_round is None else f'{per_round:.1f}'} | "
+                     f"{'—' if threads is None else f'{threads:.0f}'} |")
     return lines
 
 
@@ -265,6 +339,7 @@ def render(doc: dict[str, Any]) -> str:
     if "group_commit.png" in doc.get("plots", []):
         lines += ["", "![group commit scaling](benchmarks/results/group_commit.png)"]
     lines += sessions_table(doc, rows)
+    lines += physical_table(rows)
     lines += ["", "Where the time goes, from the same run:", ""]
     lines += findings(doc, rows, n)
     return "\n".join(lines) + "\n"

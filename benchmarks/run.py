@@ -77,6 +77,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="path of walj-forensic.pyz (default: look in the checkout)",
     )
     p.add_argument("--threads", default="1,2,4,8,16", help="thread counts for group commit")
+    p.add_argument(
+        "--sessions",
+        default="",
+        help="session counts for the sessions figure (quick: 1,8,64; full: 1,8,64,256,1024)",
+    )
     p.add_argument("--sizes", default="", help="open sizes, comma separated (overrides the mode)")
     p.add_argument("--no-plots", action="store_true", help="write tables only")
     p.add_argument("--keep", action="store_true", help="keep the scratch directory")
@@ -130,6 +135,7 @@ def main(argv: list[str]) -> int:
         zipapp=args.zipapp,
         keep=args.keep,
         command=shown_command(argv),
+        sessions=[int(x) for x in args.sessions.split(",") if x.strip()],
     )
 
     def say(msg: str) -> None:
@@ -205,6 +211,20 @@ def write_outputs(
         "dispatch.python: the dispatch and its two-append baseline run with their sync calls "
         "counted and not made (through the same seam), to time the Python around the fsyncs; "
         "nothing durable is claimed for them.",
+        "Physical limits: `pwrite` of the pre-encoded line into a file zero-filled and synced "
+        "before the series' first round (reused by its later rounds; a loop wraps to offset 0 "
+        "at its end) + `fdatasync`, which has no file size to commit; and `syncfs` rounds: a "
+        "thread per such file, one syncer making one `syncfs` per round for every write done "
+        "before it began, releasing exactly those writers. `syncfs` flushes the whole file "
+        "system, so on a shared volume it also pays for everyone else's dirty data.",
+        "System calls per dispatch: `strace -f -c` of a child making N dispatches (every "
+        "thread) less a child making none; the baseline is the same count for the raw loop's "
+        "two write + fdatasync pairs.",
+        "Sessions: commit modes are chosen with `walj.set_commit_mode` and the service's "
+        "rounds, syncs and threads read from `walj.commit_stats()` over the timed window, when "
+        "walj has them; a thread per session stops itself at the window's deadline; journals "
+        "are kept from one round to the next and reopened. A full run's sessions windows are "
+        "half the others' and take at most 5 rounds (their rates are stable at that length).",
     ]
     dev = same_device(cfg.workdir.parent, REPO_ROOT)
     notes.append(
