@@ -15,9 +15,11 @@ Measures = dict[str, tuple[str, Measure | str]]
 Say = Callable[[str], None]
 OPEN_RATE = Target("min", 500_000, "≥ 500k rec/s")
 OPEN_TARGETS = [Target("ratio", 3.0, "≥ 3×"), OPEN_RATE]
-# Issue 25's targets, against the SQLite scan that decodes every row with the same codec.
-READ_TARGETS = [Target("ratio", 1.0, "≥ 1.0×"), OPEN_RATE]
-JOURNAL_OPEN_TARGETS = [Target("ratio", 0.8, "≥ 0.8×"), OPEN_RATE]
+# Against the SQLite scan that decodes every row with the same codec: the earlier ≥ 3× stays,
+# beside issue 25's nearer targets.
+READ_TARGETS = [Target("ratio", 3.0, "≥ 3×"), Target("ratio", 1.0, "≥ 1.0×"), OPEN_RATE]
+JOURNAL_OPEN_TARGETS = [Target("ratio", 3.0, "≥ 3×"), Target("ratio", 0.8, "≥ 0.8×"),
+                        OPEN_RATE]
 
 
 def open_group(

@@ -34,7 +34,8 @@ BASELINES = {  # row ref: (series prefix, what it is, the largest session count 
 CPU_KEY = "user_cpu_us_per_call"
 SERVICE_KEYS = ("commit_rounds_per_s", "commit_syncs_per_s", "calls_per_round",
                 "commit_threads", "commit_waiters")
-CPU_TARGET = Target("max", 60.0, "≤ 60 µs")
+CPU_TARGET = Target("max", 60.0, "≤ 60 µs")  # issue 25's, at 1 and 64 sessions
+CPU_TARGET_EVERYWHERE = Target("max", 40.0, "≤ 40 µs")  # the earlier target, on every row
 
 
 def _runs_at(ref: str, n: int) -> bool:
@@ -169,7 +170,7 @@ def sessions_group(
         label = f"{n:,} session{'s' * (n > 1)}"
         rows += _default_rows(s, n, label)
         for api in SESSION_MODES:
-            targets = [CPU_TARGET] if n in (1, 64) else []
+            targets = [CPU_TARGET_EVERYWHERE] + ([CPU_TARGET] if n in (1, 64) else [])
             rows.append(cpu_row(f"sessions.cpu.{api}.{n}", f"user CPU per durable dispatch, "
                                 f"{label}, {api}", s[f"sessions-{api}-{n}"],
                                 s[f"sessions-raw-{n}"], targets))
