@@ -352,12 +352,13 @@ def lost(x):
 fs = TearsACheckpoint()
 def ok(x, pad):
     return {"x": x, "pad": pad}  # stored: the checkpoint carries it, a part spans pages
+    # (random: a checkpoint packs its settling records, and "p" * 2000 packs to nothing)
 
 journal = walj.ToolJournal.open(sys.argv[1], tools={"ok": ok, "lost": lost},
                                 sync="batch", segment_bytes=1024, store_outputs=True, _fs=fs)
 for x in range(8):
     with journal.turn() as turn:
-        turn.dispatch("ok", {"x": x, "pad": "p" * 2000}, call_id=f"ok-{x}")
+        turn.dispatch("ok", {"x": x, "pad": os.urandom(1000).hex()}, call_id=f"ok-{x}")
 with journal.turn() as turn:
     try:
         turn.dispatch("lost", {"x": 0}, call_id="lost")
