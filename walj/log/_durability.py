@@ -10,11 +10,13 @@ import hashlib
 import threading
 import time
 import weakref
-from _thread import LockType, allocate_lock
+from _thread import allocate_lock
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..errors import ClosedError, DiskFullError, PoisonedError, WaljError
+from ._commits import Request, SyncfsService, count_waiters, service_for
 from .fs import FileSystem, write_all
 
 GATHER_SECONDS = 0.001
@@ -179,37 +181,97 @@ class WriterState:
             self.writer_lock = None
 
 
+_COVERED, _LEAD = "covered", "lead"
+
+
+class _Waiter:
+    """A thread waiting for its record's sync. Its `gate` is taken until a leader releases it,
+    having set `outcome`: _COVERED (durable), _LEAD (sync for the others), or the failure that
+    poisoned the log."""
+
+    __slots__ = ("seq", "gate", "outcome")
+
+    def __init__(self, seq: int) -> None:
+        self.seq = seq
+        self.gate = allocate_lock()
+        self.gate.acquire()
+        self.outcome: object = None  # None while queued
+
+
 class Commit:
     """Syncs the active segment of a WriterState: with the lock held after each write
-    (sync="always"), or as a group commit, where the first waiter syncs for every record
-    written so far and the others wait on that round's latch. The writer counts its batch
-    appenders in `appenders`, so that a round can gather them first.
+    (sync="always"), or as a group commit. In a group commit one thread at a time leads: it
+    syncs for every record written so far, wakes only the waiters its sync covered (each on a
+    lock of its own, released by the leader), and hands the lead to the first waiter whose
+    record came too late for it; no thread is woken to find that it must wait again. The writer
+    counts its batch appenders in `appenders`, so that a round can gather them first. The sync
+    itself is made in the caller, or handed to the process's commit service
+    (walj/log/_commits.py) when a commit mode other than "inline" applies.
 
-    Interrupts (KeyboardInterrupt, SystemExit) may land between any two lines. Every shared
-    field a sync round sets is reset by the code that set it, in a `finally` that checks the
-    fields themselves rather than a local flag an interrupt could leave unset.
+    Interrupts (KeyboardInterrupt, SystemExit) may land between any two lines. The lead is held
+    by one _Waiter (`_leader`), and every step that ends a round or leaves a queue checks the
+    shared fields themselves under the lock, so that repeating it (the interrupted path calls it
+    again) is harmless: an interrupted leader passes the lead on, an interrupted waiter leaves
+    the queue. A sync the commit service was making when an interrupt stopped its wait poisons
+    the log, since its outcome is unknown and a second sync must not stand in for it.
     """
 
-    __slots__ = ("_state", "_gathered", "appenders", "_pending", "_latch", "close_failure")
+    __slots__ = ("_state", "_gathered", "_gathering", "appenders", "_waiting", "_leader",
+                 "close_failure", "mode", "_device")
 
     def __init__(self, state: WriterState) -> None:
         self._state = state
         self._gathered = threading.Condition(state.lock)
+        self._gathering = False
         self.appenders = 0  # batch mode: appenders inside append()
-        self._pending: list[int] = []  # seqs that appenders wait on and no sync has covered yet
-        self._latch = allocate_lock()  # released when the sync under way is over
+        self._waiting: deque[_Waiter] = deque()  # queued for a sync, in the order they came
+        self._leader: _Waiter | None = None  # the lead of the sync under way (st.syncing)
         self.close_failure: PoisonedError | None = None  # for Log.close() to raise, once
+        self.mode: str | None = None  # Log.open's commit=: None is the process's mode
+        self._device: Any = None  # the file system's key, once enrolled in "syncfs" rounds
 
     def sync_locked(self) -> None:
         """With the lock held: sync the active segment (sync="always")."""
         st = self._state
         target = st.next_seq - 1
         try:
-            st.fs.sync(st.fd)
+            self._sync_file(st.fd)
         except OSError as exc:
             raise st.poison(exc) from exc
+        except WaljError as exc:
+            st.set_poison(exc)
+            raise
         st.check_still_there()
         st.durable_seq = target
+
+    def _sync_file(self, fd: int) -> bool:
+        """Sync `fd`: in the caller, or through the commit service (then True). An interrupt
+        that stops the wait for an unfinished service sync poisons the log."""
+        st = self._state
+        service = service_for(self.mode)
+        if service is None:
+            st.fs.sync(fd)
+            return False
+        device = None
+        if isinstance(service, SyncfsService):
+            if self._device is None:  # see SyncfsService.enroll
+                device = service.enroll(st.fs, st.dir)
+                st.fs.sync(fd)
+                self._device = device
+                return False
+            device = self._device
+        request = Request(st.fs, fd, device)
+        try:
+            service.submit(request)
+            request.wait()
+        except BaseException:
+            if not request.finished:
+                st.poisoned = st.poisoned or PoisonedError(
+                    f"{st.dir}: a sync the commit service was making was abandoned by an "
+                    f"interrupt; records after seq {st.durable_seq} may not be durable")
+                st.unusable = True
+            raise
+        return True
 
     def close(self, seal: Callable[[], None] | None) -> None:
         """Make what was appended durable (through `seal`, when given) and mark the state
@@ -248,7 +310,7 @@ class Commit:
     def wake_gatherer(self) -> None:
         """With the lock held: wake a gathering leader only once it has nothing left to wait
         for, since every needless wake-up is a thread switch on the hot path."""
-        if self._state.syncing and self.appenders <= len(self._pending):
+        if self._gathering and self.appenders <= len(self._waiting) + 1:
             self._gathered.notify()
 
     def _gather(self) -> None:
@@ -257,96 +319,133 @@ class Commit:
         loop straight back, then share this sync instead of alternating batches of one and many.
         """
         deadline = 0.0
-        while self.appenders > len(self._pending):
-            now = time.monotonic()
-            if not deadline:
-                deadline = now + GATHER_SECONDS
-            elif now >= deadline:
-                return
-            self._gathered.wait(deadline - now)
+        self._gathering = True
+        try:
+            while self.appenders > len(self._waiting) + 1:
+                now = time.monotonic()
+                if not deadline:
+                    deadline = now + GATHER_SECONDS
+                elif now >= deadline:
+                    return
+                self._gathered.wait(deadline - now)
+        finally:
+            self._gathering = False
 
     def wait_durable(self, seq: int) -> None:
-        """Group commit: the first waiter syncs for everyone written so far; the others wait
-        on that round's latch, a plain lock the leader releases when its sync is over, so
-        waking them costs no trip through the log's lock."""
+        """Group commit: lead a sync when none is under way, else queue and wait to be woken
+        by the leader whose sync covered `seq`, or handed the lead."""
         st = self._state
-        try:
-            with st.lock:
-                self._pending.append(seq)
-                self.wake_gatherer()
-            while st.durable_seq < seq:
-                self._sync_round(seq)
-        finally:
-            if st.durable_seq < seq:  # failed or interrupted: no leader will prune it
-                with st.lock:
-                    if seq in self._pending:
-                        self._pending.remove(seq)
-
-    def _sync_round(self, seq: int) -> None:
-        """Lead one sync, or wait for the one under way."""
-        st = self._state
-        latch = allocate_lock()  # ours if we lead: `_latch is latch` says so, whatever happens
-        follow: LockType | None = None
-        target, fd, synced = 0, -1, False
-        failure: OSError | None = None
+        me = _Waiter(seq)
         try:
             with st.lock:
                 if st.durable_seq >= seq:
                     return
-                if st.poisoned is not None:
-                    raise PoisonedError(f"log is poisoned: {st.poisoned}")
+                self._refuse()
                 if st.syncing:
-                    follow = self._latch
+                    self._waiting.append(me)
+                    self.wake_gatherer()
                 else:
-                    if st.closed:
-                        raise ClosedError("log is closed")
-                    latch.acquire()
-                    self._latch = latch
                     st.syncing = True
-                    self._gather()
-                    target, fd = st.next_seq - 1, st.fd
-            if follow is not None:
-                self._follow(follow)
-                return
-            try:
-                st.fs.sync(fd)
-                synced = True
-            except OSError as exc:
-                failure = exc
-            self._end_round(latch, synced and failure is None, target)
+                    self._leader, me.outcome = me, _LEAD
+            if me.outcome is not _LEAD:
+                me.gate.acquire()
+                if me.outcome is _COVERED:
+                    return
+                if me.outcome is not _LEAD:
+                    raise self._failure(me.outcome)
+            self._lead(me)
         except BaseException:
-            # Here too when the first _end_round was interrupted half way: it is idempotent.
-            self._end_round(latch, synced and failure is None, target)
+            self._leave(me)
             raise
-        if failure is not None:
-            with st.lock:
-                raise st.poison(failure) from failure
-        if synced:
-            with st.lock:
-                st.check_still_there()
 
-    def _end_round(self, latch: LockType, synced: bool, target: int) -> None:
-        """The leader's end of a round, safe to repeat: only a sync that returned makes
-        anything durable; an interrupted one leaves it for a later sync to cover."""
+    def _refuse(self) -> None:
+        st = self._state
+        if st.poisoned is not None:
+            raise PoisonedError(f"log is poisoned: {st.poisoned}")
+        if st.closed:
+            raise ClosedError("log is closed")
+
+    def _lead(self, me: _Waiter) -> None:
+        """One round: gather, sync everything written so far, then wake and hand on."""
         st = self._state
         with st.lock:
-            if self._latch is not latch:
-                return  # not ours, or a later round already began
-            if synced:
-                st.durable_seq = max(st.durable_seq, target)
-                self._pending = [s for s in self._pending if s > target]
-            st.syncing = False
-            if latch.locked():
-                latch.release()
-            st.cond.notify_all()
+            self._refuse()
+            self._gather()
+            target, fd = st.next_seq - 1, st.fd
+        failure: BaseException | None = None
+        served = False
+        try:
+            served = self._sync_file(fd)
+        except Exception as exc:  # noqa: BLE001 - an OSError, or the service's PoisonedError
+            failure = exc
+        with st.lock:
+            if failure is None and self._leader is me:
+                try:
+                    st.check_still_there()
+                except PoisonedError as exc:
+                    failure = exc
+                else:
+                    st.durable_seq = max(st.durable_seq, target)
+            elif failure is not None:
+                self._poison_for(failure)
+            woken = self._release_round(me)
+        if served:
+            count_waiters(woken)
+        if failure is not None:
+            raise self._failure(failure) from failure
 
-    def _follow(self, latch: LockType) -> None:
-        """Wait for the round of `latch` to end. An interrupt right after a follower took the
-        latch leaves it taken; the others then see the round is over by polling."""
-        while not latch.acquire(timeout=0.05):
-            if not (self._state.syncing and self._latch is latch):
-                return
-        latch.release()
+    def _poison_for(self, failure: BaseException) -> None:
+        st = self._state
+        if isinstance(failure, OSError):
+            st.poison(failure)
+        else:
+            st.set_poison(failure)
+
+    def _failure(self, cause: object) -> WaljError:
+        """The typed error a waiter of a failed round raises (an object of its own)."""
+        st = self._state
+        if isinstance(cause, OSError):
+            return io_failure(st.dir, cause, "syncing")
+        return PoisonedError(f"{st.dir}: log is poisoned ({cause}); records after seq "
+                             f"{st.durable_seq} may not be durable")
+
+    def _release_round(self, me: _Waiter) -> int:
+        """With the lock held: end `me`'s lead, safe to repeat. Wake every waiter the durable
+        seq covers (all of them, with the cause, when the log is poisoned), then hand the lead
+        to the first one left, or end the sync. Returns how many threads the round settled."""
+        st = self._state
+        if self._leader is not me:
+            return 0
+        durable, poisoned = st.durable_seq, st.poisoned
+        waiting, woken = self._waiting, 1
+        left: deque[_Waiter] = deque()
+        while waiting:
+            waiter = waiting.popleft()
+            if waiter.seq <= durable or poisoned is not None:
+                waiter.outcome = _COVERED if waiter.seq <= durable else poisoned
+                waiter.gate.release()
+                woken += 1
+            else:
+                left.append(waiter)
+        self._waiting = left
+        if left and poisoned is None:
+            heir = left.popleft()
+            self._leader, heir.outcome = heir, _LEAD
+            heir.gate.release()
+        else:
+            self._leader = None
+            st.syncing = False
+            st.cond.notify_all()
+        return woken
+
+    def _leave(self, me: _Waiter) -> None:
+        """An interrupt or failure stopped `me`: leave the queue, or pass its lead on."""
+        st = self._state
+        with st.lock:
+            if me.outcome is None and me in self._waiting:
+                self._waiting.remove(me)
+            elif self._leader is me:
+                self._release_round(me)
 
 
 def interval_loop(ref: weakref.ReferenceType[Any], stop: threading.Event,
