@@ -266,10 +266,10 @@ class Commit:
             request.wait()
         except BaseException:
             if not request.finished:
-                st.poisoned = st.poisoned or PoisonedError(
+                abandoned = PoisonedError(
                     f"{st.dir}: a sync the commit service was making was abandoned by an "
                     f"interrupt; records after seq {st.durable_seq} may not be durable")
-                st.unusable = True
+                st.poisoned, st.unusable = st.poisoned or abandoned, True
             raise
         return True
 
@@ -344,9 +344,8 @@ class Commit:
                 if st.syncing:
                     self._waiting.append(me)
                     self.wake_gatherer()
-                else:
-                    st.syncing = True
-                    self._leader, me.outcome = me, _LEAD
+                else:  # one line: no interrupt between the three
+                    st.syncing, self._leader, me.outcome = True, me, _LEAD
             if me.outcome is not _LEAD:
                 me.gate.acquire()
                 if me.outcome is _COVERED:
@@ -410,32 +409,28 @@ class Commit:
                              f"{st.durable_seq} may not be durable")
 
     def _release_round(self, me: _Waiter) -> int:
-        """With the lock held: end `me`'s lead, safe to repeat. Wake every waiter the durable
-        seq covers (all of them, with the cause, when the log is poisoned), then hand the lead
-        to the first one left, or end the sync. Returns how many threads the round settled."""
+        """With the lock held: end `me`'s lead. Wake every waiter the durable seq covers (all
+        of them, with the cause, when the log is poisoned), then hand the lead to the first one
+        left, or end the sync. Returns how many threads the round settled. Each step that
+        changes shared state is one line and checks first whether it already ran, so an
+        interrupt anywhere leaves it for the caller's interrupted path to repeat."""
         st = self._state
         if self._leader is not me:
             return 0
         durable, poisoned = st.durable_seq, st.poisoned
-        waiting, woken = self._waiting, 1
-        left: deque[_Waiter] = deque()
-        while waiting:
-            waiter = waiting.popleft()
-            if waiter.seq <= durable or poisoned is not None:
-                waiter.outcome = _COVERED if waiter.seq <= durable else poisoned
-                waiter.gate.release()
+        woken = 1
+        for waiter in list(self._waiting):
+            if waiter.outcome is None and (waiter.seq <= durable or poisoned is not None):
+                outcome, gate = _COVERED if waiter.seq <= durable else poisoned, waiter.gate
+                waiter.outcome = outcome; gate.release()  # noqa: E702 - one line: no interrupt
                 woken += 1
-            else:
-                left.append(waiter)
-        self._waiting = left
-        if left and poisoned is None:
-            heir = left.popleft()
-            self._leader, heir.outcome = heir, _LEAD
-            heir.gate.release()
+        self._waiting = deque(w for w in self._waiting if w.outcome is None)
+        heir = self._waiting[0] if self._waiting and poisoned is None else None
+        if heir is not None:
+            gate, waiting = heir.gate, self._waiting
+            waiting.popleft(); self._leader = heir; heir.outcome = _LEAD; gate.release()  # noqa: E702
         else:
-            self._leader = None
-            st.syncing = False
-            st.cond.notify_all()
+            self._leader = None; st.syncing = False; st.cond.notify_all()  # noqa: E702
         return woken
 
     def _leave(self, me: _Waiter) -> None:
