@@ -22,7 +22,7 @@ lines through the seam), segment (reading one segment file, resumable where a re
 reader every scan uses), scan (reading a whole directory: order, seal chain, torn tail or damage),
 lock (one writer per directory), quarantine (cut bytes and their manifest). Private: _xxh64 (pure-
 Python XXH64), _log (the writer: a plain class composing the three parts after it), _durability
-(the writer's shared state, poisoning, sync modes and group commit), _rotation (the active segment:
+(the writer's state, poisoning), _group (sync modes, group commit), _rotation (the active segment:
 creating, sealing, switching), _compaction (where the log begins: Log.drop_before), _opening
 (options and tail recovery), _read (reader and verifier, of a directory or of a FileSystem view:
 `read_view`, `verify_view`), _base (the BASE marker of a compacted log), _syncers (the interval

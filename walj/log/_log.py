@@ -14,7 +14,8 @@ from typing import Any
 from ..errors import PoisonedError, RecordTooLargeError
 from ._commits import check_commit
 from ._compaction import Compaction
-from ._durability import Commit, WriterState, io_failure
+from ._durability import WriterState, io_failure
+from ._group import Commit
 from ._opening import Replay, ReplayStart, check_options, prepare_directory, recover
 from ._rotation import Rotation
 from ._syncers import Syncer, start_syncer
