@@ -362,3 +362,49 @@ def test_commit_modes_are_checked_with_typed_errors(tmp_path: Path) -> None:
     stats = walj.commit_stats()
     assert {"rounds", "syncs", "threads", "waiters"} <= set(stats)
     assert all(type(v) is int and v >= 0 for v in stats.values())
+
+
+@pytest.mark.parametrize("mode", SERVICE_MODES)
+def test_async_sessions_through_the_service_complete_in_batches_not_a_hop_per_record(
+        tmp_path: Path, mode: str) -> None:
+    """Journal steps run in the shared sync pool; the service wakes those threads, never the
+    loop, so the loop is still woken once per batch of finished steps."""
+    import asyncio
+
+    sessions, calls = 24, 3
+
+    async def noop(k: int, n: int) -> int:
+        return k
+
+    journals = [walj.ToolJournal.open(tmp_path / f"s{k}", tools={"noop": noop}, sync="always",
+                                      commit=mode) for k in range(sessions)]
+    hops = [0]
+
+    async def session(k: int) -> list[str]:
+        async with journals[k].turn() as turn:
+            return [(await turn.adispatch("noop", {"k": k, "n": n})).outcome
+                    for n in range(calls)]
+
+    async def main() -> list[list[str]]:
+        loop = asyncio.get_running_loop()
+        original = loop.call_soon_threadsafe
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            hops[0] += 1
+            return original(*args, **kwargs)
+
+        loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
+        return await asyncio.gather(*(session(k) for k in range(sessions)))
+
+    before = walj.commit_stats()["requests"]
+    try:
+        outcomes = asyncio.run(main())
+    finally:
+        for journal in journals:
+            journal.close()
+    assert outcomes == [["ok"] * calls] * sessions
+    requests = walj.commit_stats()["requests"] - before
+    assert requests >= sessions * calls * 2  # an intent and a terminal record, each synced
+    assert hops[0] < requests  # fewer wake-ups of the loop than syncs: batched
+    for k in range(sessions):  # each call's intent and terminal record, durable on disk
+        assert len(list(walj.read(tmp_path / f"s{k}"))) >= 2 * calls
