@@ -71,7 +71,7 @@ class Commit:
         st = self._state
         target = st.next_seq - 1
         try:
-            self._sync_file(st.fd)
+            served = self._sync_file(st.fd)
         except OSError as exc:
             raise st.poison(exc) from exc
         except WaljError as exc:
@@ -79,6 +79,8 @@ class Commit:
             raise
         st.check_still_there()
         st.durable_seq = target
+        if served:
+            count_waiters(1)
 
     def _sync_file(self, fd: int) -> bool:
         """Sync `fd`: in the caller, or through the commit service (then True). An interrupt
