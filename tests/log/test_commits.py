@@ -319,6 +319,40 @@ def test_a_dead_service_thread_poisons_its_waiter_instead_of_hanging(tmp_path: P
         assert other.append({"n": 1}) == 1 and other.durable_seq == 1
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_sync_still_queued_when_the_service_thread_dies_gets_a_new_thread(
+        tmp_path: Path) -> None:
+    walj.set_commit_mode("files", threads=1)
+    fs = FaultyFS()
+    first = walj.Log.open(tmp_path / "first", sync="batch", _fs=fs)
+    second = walj.Log.open(tmp_path / "second", sync="batch")
+    service = _commits._config.files
+    assert service is not None
+
+    def die_once_the_other_is_queued() -> None:
+        assert wait_until(lambda: service._queue.qsize() == 1, 10)
+        raise SystemExit("the service thread stops")
+
+    fs.rules.append(_Rule("sync", 1, die_once_the_other_is_queued))
+    failures: list[BaseException] = []
+
+    def doomed() -> None:
+        try:
+            first.append({"n": 1})
+        except walj.WaljError as exc:
+            failures.append(exc)
+
+    thread = threading.Thread(target=doomed)
+    thread.start()
+    assert wait_until(lambda: any(op == "sync" for op, _ in fs.calls[-1:]))
+    assert second.append({"n": 1}) == 1 and second.durable_seq == 1  # served by a new thread
+    thread.join(10)
+    assert len(failures) == 1 and isinstance(failures[0], walj.PoisonedError) and first.poisoned
+    second.close()
+    with pytest.raises(walj.PoisonedError):
+        first.close()
+
+
 def test_sync_always_through_the_service_is_durable_on_return(tmp_path: Path) -> None:
     for mode in SERVICE_MODES:
         with walj.Log.open(tmp_path / mode, sync="always", commit=mode) as log:

@@ -37,6 +37,9 @@ DEFAULT_FILES_THREADS = 16  # measured: 4 threads left 64 logs at a third of the
 POLL_SECONDS = 0.5  # how often a waiter checks that the thread serving it is alive
 
 
+Device = tuple[FileSystem, int]  # a file system, by the seam that reaches it and its st_dev
+
+
 class CommitModeError(WaljError, ValueError):
     """A commit mode that is not one of "inline", "files", "syncfs", a bad thread count, or
     "syncfs" where the system has no usable syncfs(2)."""
@@ -46,10 +49,11 @@ class Request:
     """One sync handed to the service: `done` is released when it is over; `failure` is the
     OSError it raised (or the reason it was never made)."""
 
-    __slots__ = ("fs", "fd", "device", "done", "failure", "finished", "server")
+    __slots__ = ("fs", "fd", "device", "done", "failure", "finished", "server", "service")
 
-    def __init__(self, fs: FileSystem, fd: int, device: tuple[int, int] | None) -> None:
+    def __init__(self, fs: FileSystem, fd: int, device: Device | None) -> None:
         self.fs, self.fd, self.device = fs, fd, device
+        self.service: FilesService | SyncfsService | None = None
         self.done = allocate_lock()
         self.done.acquire()
         self.failure: BaseException | None = None
@@ -63,10 +67,13 @@ class Request:
 
     def wait(self) -> None:
         """Until the sync is over; raises its OSError, or PoisonedError when the thread that
-        took it died without finishing it."""
+        took it died without finishing it. One still queued when every thread died gets a new
+        thread."""
         while not self.done.acquire(timeout=POLL_SECONDS):
-            server = self.server
-            if server is not None and not server.is_alive() and not self.finished:
+            server, service = self.server, self.service
+            if server is None and service is not None:
+                service.ensure_running()
+            elif server is not None and not server.is_alive() and not self.finished:
                 self.failure = PoisonedError("the commit service's thread stopped before "
                                              "finishing a sync")
                 self.finished = True
@@ -111,14 +118,21 @@ class FilesService:
         self._idle = 0
 
     def submit(self, request: Request) -> None:
+        request.service = self
         with self._lock:
-            alive = [t for t in self.threads if t.is_alive()]
-            if len(alive) < self.size and self._idle == 0:
-                worker = threading.Thread(target=self._serve, daemon=True,
-                                          name=f"walj-commit-files-{len(self.threads)}")
-                self.threads.append(worker)
-                worker.start()
+            self._start_if_needed(self._idle == 0)
             self._queue.put(request)
+
+    def ensure_running(self) -> None:
+        with self._lock:
+            self._start_if_needed(self.running() == 0)
+
+    def _start_if_needed(self, wanted: bool) -> None:
+        if wanted and self.running() < self.size:
+            worker = threading.Thread(target=self._serve, daemon=True,
+                                      name=f"walj-commit-files-{len(self.threads)}")
+            self.threads.append(worker)
+            worker.start()
 
     def _serve(self) -> None:
         me = threading.current_thread()
@@ -154,25 +168,33 @@ class SyncfsService:
         self._queue: queue.SimpleQueue[Request | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self.thread: threading.Thread | None = None
-        self._devices: dict[tuple[int, int], int] = {}  # (seam, st_dev) -> its descriptor
+        self._devices: dict[Device, int] = {}  # (seam, st_dev) -> the service's descriptor
 
-    def enroll(self, fs: FileSystem, directory: str) -> tuple[int, int]:
+    def enroll(self, fs: FileSystem, directory: str) -> Device:
         """The key of the file system `directory` is on, opening the service's descriptor on
         it first if it has none: syncfs reports only errors after that open, so a log syncs
         what it wrote before enrolling itself, then hands later syncs to the rounds."""
-        device = (id(fs), fs.stat(directory).st_dev)
+        device = (fs, fs.stat(directory).st_dev)
         with self._lock:
             if device not in self._devices:
                 self._devices[device] = os.open(directory, os.O_RDONLY | os.O_CLOEXEC)
         return device
 
     def submit(self, request: Request) -> None:
+        request.service = self
         with self._lock:
-            if self.thread is None or not self.thread.is_alive():
-                self.thread = threading.Thread(target=self._serve, daemon=True,
-                                               name="walj-commit-syncfs")
-                self.thread.start()
+            self._start_if_needed()
             self._queue.put(request)
+
+    def ensure_running(self) -> None:
+        with self._lock:
+            self._start_if_needed()
+
+    def _start_if_needed(self) -> None:
+        if self.thread is None or not self.thread.is_alive():
+            self.thread = threading.Thread(target=self._serve, daemon=True,
+                                           name="walj-commit-syncfs")
+            self.thread.start()
 
     def _serve(self) -> None:
         me = threading.current_thread()
@@ -195,7 +217,7 @@ class SyncfsService:
             self._round(batch)
 
     def _round(self, batch: list[Request]) -> None:
-        groups: dict[tuple[int, int], list[Request]] = {}
+        groups: dict[Device, list[Request]] = {}
         for request in batch:
             assert request.device is not None
             groups.setdefault(request.device, []).append(request)
@@ -224,7 +246,7 @@ def _copy(failure: OSError | None) -> OSError | None:
     return OSError(failure.errno, failure.strerror)
 
 
-_failed_devices: dict[tuple[int, int], OSError] = {}
+_failed_devices: dict[Device, OSError] = {}
 
 
 def _kernel_reports_syncfs_errors() -> bool:
