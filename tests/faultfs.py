@@ -205,6 +205,28 @@ class FaultyFS(FileSystem):
                     state.cut = None
         self._hook("sync", path, True)
 
+    def syncfs(self, fd: int) -> None:
+        """Every file this FaultyFS knows is synced, as far as it was written when the call
+        began (a syncfs(2) of the file system; directory entries are left to sync_dir)."""
+        self._hook("syncfs", "?", False)
+        with self._guard:
+            sizes = {}
+            for path in self._files:
+                try:
+                    sizes[path] = os.stat(path).st_size
+                except OSError:
+                    pass
+        super().syncfs(fd)
+        with self._guard:
+            for path, size in sizes.items():
+                state = self._files.get(path)
+                if state is not None:
+                    state.synced_size = size
+                    state.writes = [w for w in state.writes if w[1] > size]
+                    if state.cut is not None and state.cut[0] <= size:
+                        state.cut = None
+        self._hook("syncfs", "?", True)
+
     def sync_dir(self, path: str) -> None:
         self._hook("sync_dir", path, False)
         super().sync_dir(path)

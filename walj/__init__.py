@@ -25,7 +25,7 @@ from .errors import (
     UnsupportedVersionError,
     WaljError,
 )
-from .log import Log, Record, VerifyReport
+from .log import CommitModeError, Log, Record, VerifyReport, commit_stats, set_commit_mode
 from .log import read as _read_local
 from .log import verify as _verify_local
 
@@ -74,8 +74,11 @@ def verify(
 __version__ = "0.1.0"
 
 __all__ = [
+    "CommitModeError",
     "Log",
     "Record",
+    "commit_stats",
+    "set_commit_mode",
     "VerifyReport",
     "read",
     "verify",

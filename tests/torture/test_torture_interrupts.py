@@ -85,8 +85,12 @@ HELPERS = Helpers(int(_JOBS) if _JOBS else min(2, os.cpu_count() or 1))
 
 
 def options(mode: str) -> dict[str, Any]:
-    extra = {"sync_interval_ms": 1} if mode == "interval" else {}
-    return {"sync": mode, "segment_bytes": SEGMENT_BYTES, **extra}
+    """A sync mode, or "sync+commit" for a log whose syncs go to the commit service."""
+    sync, _, commit = mode.partition("+")
+    extra: dict[str, Any] = {"sync_interval_ms": 1} if sync == "interval" else {}
+    if commit:
+        extra["commit"] = commit
+    return {"sync": sync, "segment_bytes": SEGMENT_BYTES, **extra}
 
 
 def scratch(tmp_path: Path) -> Path:
@@ -292,6 +296,17 @@ def test_interrupt_log(tmp_path: Path, op: str, mode: str) -> None:
     group = (f"log-open:{op}" if op.startswith("open") else  # the scan is the same in any mode
              f"log-append:{mode}" if op.startswith("append") and op != "append_many" else None)
     run_scenario(LogScenario(mode, op), tmp_path, group)
+
+
+# The commit service: its waits, its hand-offs, an interrupt while it syncs.
+SERVICE_MODES = ("batch+files", "batch+syncfs", "always+files")
+SERVICE_OPS = ("append", "append_durable", "sync", "close")
+
+
+@pytest.mark.parametrize("mode", SERVICE_MODES)
+@pytest.mark.parametrize("op", SERVICE_OPS)
+def test_interrupt_log_commit_service(tmp_path: Path, op: str, mode: str) -> None:
+    run_scenario(LogScenario(mode, op), tmp_path)
 
 
 # --- the journal -------------------------------------------------------------------------------

@@ -22,17 +22,18 @@ lines through the seam), segment (reading one segment file, resumable where a re
 reader every scan uses), scan (reading a whole directory: order, seal chain, torn tail or damage),
 lock (one writer per directory), quarantine (cut bytes and their manifest). Private: _xxh64 (pure-
 Python XXH64), _log (the writer: a plain class composing the three parts after it), _durability
-(the writer's shared state, poisoning, sync modes and group commit), _rotation (the active segment:
+(the writer's state, poisoning), _group (sync modes, group commit), _rotation (the active segment:
 creating, sealing, switching), _compaction (where the log begins: Log.drop_before), _opening
 (options and tail recovery), _read (reader and verifier, of a directory or of a FileSystem view:
 `read_view`, `verify_view`), _base (the BASE marker of a compacted log), _syncers (the interval
-syncers), _requests (request files in `requests/`: asks another process leaves for the live
-writer).
+syncers), _commits (the process-wide commit service), _requests (request files in `requests/`:
+asks another process leaves for the live writer).
 """
 
 from __future__ import annotations
 
 from ._base import Base
+from ._commits import CommitModeError, commit_stats, set_commit_mode
 from ._log import Log
 from ._read import Record, VerifyReport, read, read_view, verify, verify_view
 from ._requests import (
@@ -51,7 +52,9 @@ from ._requests import remove_stale as remove_stale_requests
 from .format import BASE_NAME
 from .quarantine import CutLine, Quarantined
 
-__all__ = ["BASE_NAME", "PICK_UP_LIMIT", "REQUESTS_DIR", "REQUEST_LIMIT", "Base", "CutLine", "Log",
+__all__ = ["BASE_NAME", "PICK_UP_LIMIT", "REQUESTS_DIR", "REQUEST_LIMIT", "Base", "CommitModeError",
+           "CutLine", "Log",
            "MalformedRequestError", "Quarantined", "Record", "RequestWatch", "VerifyReport",
            "holds_log", "load_request", "pending_requests", "post_request", "read", "read_view",
-           "remove_request", "remove_stale_requests", "verify", "verify_view"]
+           "remove_request", "remove_stale_requests", "set_commit_mode", "commit_stats",
+           "verify", "verify_view"]

@@ -1,6 +1,6 @@
 """Durability: the writer's shared state, what a failed write or sync or an interrupt does to
-it (it poisons the handle, or leaves it usable), and when appended bytes become durable (a
-sync per write, group commit, interval syncs)."""
+it (it poisons the handle, or leaves it usable), and the interval syncs' loop (a sync per write
+and group commit are in _group.py)."""
 
 from __future__ import annotations
 
@@ -8,16 +8,11 @@ import contextlib
 import errno
 import hashlib
 import threading
-import time
 import weakref
-from _thread import LockType, allocate_lock
-from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..errors import ClosedError, DiskFullError, PoisonedError, WaljError
 from .fs import FileSystem, write_all
-
-GATHER_SECONDS = 0.001
 
 
 def io_failure(directory: str, exc: OSError, doing: str) -> PoisonedError:
@@ -177,176 +172,6 @@ class WriterState:
         if lock is not None:
             lock.release(unlock=not self.forked)
             self.writer_lock = None
-
-
-class Commit:
-    """Syncs the active segment of a WriterState: with the lock held after each write
-    (sync="always"), or as a group commit, where the first waiter syncs for every record
-    written so far and the others wait on that round's latch. The writer counts its batch
-    appenders in `appenders`, so that a round can gather them first.
-
-    Interrupts (KeyboardInterrupt, SystemExit) may land between any two lines. Every shared
-    field a sync round sets is reset by the code that set it, in a `finally` that checks the
-    fields themselves rather than a local flag an interrupt could leave unset.
-    """
-
-    __slots__ = ("_state", "_gathered", "appenders", "_pending", "_latch", "close_failure")
-
-    def __init__(self, state: WriterState) -> None:
-        self._state = state
-        self._gathered = threading.Condition(state.lock)
-        self.appenders = 0  # batch mode: appenders inside append()
-        self._pending: list[int] = []  # seqs that appenders wait on and no sync has covered yet
-        self._latch = allocate_lock()  # released when the sync under way is over
-        self.close_failure: PoisonedError | None = None  # for Log.close() to raise, once
-
-    def sync_locked(self) -> None:
-        """With the lock held: sync the active segment (sync="always")."""
-        st = self._state
-        target = st.next_seq - 1
-        try:
-            st.fs.sync(st.fd)
-        except OSError as exc:
-            raise st.poison(exc) from exc
-        st.check_still_there()
-        st.durable_seq = target
-
-    def close(self, seal: Callable[[], None] | None) -> None:
-        """Make what was appended durable (through `seal`, when given) and mark the state
-        closed. A failure, or an earlier poisoning, is left in `close_failure`."""
-        st = self._state
-        with st.lock:
-            while st.syncing:
-                st.cond.wait()
-            if st.closed:
-                return
-            if st.poisoned is not None:
-                self.close_failure = PoisonedError(
-                    f"{st.dir} was poisoned ({st.poisoned}); records after seq "
-                    f"{st.durable_seq} may not be durable")
-            elif seal is not None and st.fd >= 0:
-                try:
-                    seal()
-                except PoisonedError as exc:
-                    self.close_failure = exc
-            elif st.fd >= 0 and st.durable_seq < st.next_seq - 1:
-                try:
-                    st.fs.sync(st.fd)
-                    st.durable_seq = st.next_seq - 1
-                except OSError as exc:
-                    self.close_failure = st.poison(exc)
-                    self.close_failure.__cause__ = exc
-            st.closed = st.unusable = True
-            st.cond.notify_all()
-
-    def catch_up(self) -> None:
-        """Make every record written so far durable, unless the log is closed (an interval)."""
-        st = self._state
-        if not st.closed and st.next_seq - 1 > st.durable_seq:
-            self.wait_durable(st.next_seq - 1)
-
-    def wake_gatherer(self) -> None:
-        """With the lock held: wake a gathering leader only once it has nothing left to wait
-        for, since every needless wake-up is a thread switch on the hot path."""
-        if self._state.syncing and self.appenders <= len(self._pending):
-            self._gathered.notify()
-
-    def _gather(self) -> None:
-        """Before a group sync, wait (briefly) until every appender inside `append` is waiting on
-        a record no sync has covered: those still writing, and those a sync just released that
-        loop straight back, then share this sync instead of alternating batches of one and many.
-        """
-        deadline = 0.0
-        while self.appenders > len(self._pending):
-            now = time.monotonic()
-            if not deadline:
-                deadline = now + GATHER_SECONDS
-            elif now >= deadline:
-                return
-            self._gathered.wait(deadline - now)
-
-    def wait_durable(self, seq: int) -> None:
-        """Group commit: the first waiter syncs for everyone written so far; the others wait
-        on that round's latch, a plain lock the leader releases when its sync is over, so
-        waking them costs no trip through the log's lock."""
-        st = self._state
-        try:
-            with st.lock:
-                self._pending.append(seq)
-                self.wake_gatherer()
-            while st.durable_seq < seq:
-                self._sync_round(seq)
-        finally:
-            if st.durable_seq < seq:  # failed or interrupted: no leader will prune it
-                with st.lock:
-                    if seq in self._pending:
-                        self._pending.remove(seq)
-
-    def _sync_round(self, seq: int) -> None:
-        """Lead one sync, or wait for the one under way."""
-        st = self._state
-        latch = allocate_lock()  # ours if we lead: `_latch is latch` says so, whatever happens
-        follow: LockType | None = None
-        target, fd, synced = 0, -1, False
-        failure: OSError | None = None
-        try:
-            with st.lock:
-                if st.durable_seq >= seq:
-                    return
-                if st.poisoned is not None:
-                    raise PoisonedError(f"log is poisoned: {st.poisoned}")
-                if st.syncing:
-                    follow = self._latch
-                else:
-                    if st.closed:
-                        raise ClosedError("log is closed")
-                    latch.acquire()
-                    self._latch = latch
-                    st.syncing = True
-                    self._gather()
-                    target, fd = st.next_seq - 1, st.fd
-            if follow is not None:
-                self._follow(follow)
-                return
-            try:
-                st.fs.sync(fd)
-                synced = True
-            except OSError as exc:
-                failure = exc
-            self._end_round(latch, synced and failure is None, target)
-        except BaseException:
-            # Here too when the first _end_round was interrupted half way: it is idempotent.
-            self._end_round(latch, synced and failure is None, target)
-            raise
-        if failure is not None:
-            with st.lock:
-                raise st.poison(failure) from failure
-        if synced:
-            with st.lock:
-                st.check_still_there()
-
-    def _end_round(self, latch: LockType, synced: bool, target: int) -> None:
-        """The leader's end of a round, safe to repeat: only a sync that returned makes
-        anything durable; an interrupted one leaves it for a later sync to cover."""
-        st = self._state
-        with st.lock:
-            if self._latch is not latch:
-                return  # not ours, or a later round already began
-            if synced:
-                st.durable_seq = max(st.durable_seq, target)
-                self._pending = [s for s in self._pending if s > target]
-            st.syncing = False
-            if latch.locked():
-                latch.release()
-            st.cond.notify_all()
-
-    def _follow(self, latch: LockType) -> None:
-        """Wait for the round of `latch` to end. An interrupt right after a follower took the
-        latch leaves it taken; the others then see the round is over by polling."""
-        while not latch.acquire(timeout=0.05):
-            if not (self._state.syncing and self._latch is latch):
-                return
-        latch.release()
 
 
 def interval_loop(ref: weakref.ReferenceType[Any], stop: threading.Event,

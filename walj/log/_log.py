@@ -14,8 +14,10 @@ from typing import Any
 from .._codec import encode as _encode_value
 from .._codec import encode_dicts
 from ..errors import PoisonedError, RecordTooLargeError, SerializationError
+from ._commits import check_commit
 from ._compaction import Compaction
-from ._durability import Commit, WriterState, io_failure
+from ._durability import WriterState, io_failure
+from ._group import Commit
 from ._opening import Replay, ReplayStart, check_options, prepare_directory, recover
 from ._rotation import Rotation
 from ._syncers import Syncer, start_syncer
@@ -80,15 +82,19 @@ class Log:
     def open(cls, path: str | os.PathLike[str], *, sync: str = "always",
              segment_bytes: int = 64 * 2**20, max_record_bytes: int = 2**20,
              recovery: str = "tolerate_tail", lock_timeout: float = 0.0,
-             sync_interval_ms: float = 100, _fs: FileSystem | None = None,
+             sync_interval_ms: float = 100, commit: str | None = None,
+             _fs: FileSystem | None = None,
              _replay: Replay | None = None, _replay_start: ReplayStart | None = None) -> Log:
-        """Open (creating if needed) the log in directory `path`; see docs/FORMAT.md."""
+        """Open (creating if needed) the log in directory `path`; see docs/FORMAT.md. `commit`
+        overrides the process's commit mode (walj.set_commit_mode) for this log."""
         check_options(sync, segment_bytes, max_record_bytes, recovery, lock_timeout,
                       sync_interval_ms)
+        check_commit(commit)
         fs = _fs or DEFAULT_FS
         directory = os.fspath(path)
         read_only = recovery == "salvage"
         log = cls(directory, fs, sync, segment_bytes, max_record_bytes, read_only)
+        log._commit.mode = commit
         try:
             prepare_directory(fs, directory, create=not read_only)
             if not read_only:

@@ -6,11 +6,13 @@ import errno
 import os
 import stat
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from ..errors import CorruptionError
 
 __all__ = ["DEFAULT_FS", "DIR_MODE", "FILE_MODE", "FileSystem", "file_kind", "not_regular",
-           "open_regular", "read_regular", "refuse_hard_link", "write_all"]
+           "open_regular", "read_regular", "refuse_hard_link", "syncfs_available", "write_all"]
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -114,6 +116,31 @@ def _platform_sync(fd: int) -> None:
         os.fsync(fd)
 
 
+_syncfs: list[Callable[[int], int] | None] = []  # loaded once, on first use
+
+
+def _libc_syncfs() -> Callable[[int], int] | None:
+    """syncfs(2) from the C library through ctypes (Python has no os.syncfs), or None."""
+    if not _syncfs:
+        import ctypes
+        import ctypes.util
+
+        function: Any = None
+        name = ctypes.util.find_library("c")
+        if name is not None:
+            try:
+                function = ctypes.CDLL(name, use_errno=True).syncfs
+                function.argtypes, function.restype = [ctypes.c_int], ctypes.c_int
+            except (OSError, AttributeError):
+                function = None
+        _syncfs.append(function)
+    return _syncfs[0]
+
+
+def syncfs_available() -> bool:
+    return _libc_syncfs() is not None
+
+
 class FileSystem:
     """Real file-system calls. Fault-injecting test doubles subclass this and override methods.
 
@@ -152,6 +179,18 @@ class FileSystem:
     def sync(self, fd: int) -> None:
         """Make a file's data durable: fdatasync, or F_FULLFSYNC on macOS."""
         _platform_sync(fd)
+
+    def syncfs(self, fd: int) -> None:
+        """Flush the whole file system `fd` is on, every file's data and metadata, every
+        process's (syncfs(2), Linux): the commit service's "syncfs" rounds."""
+        import ctypes
+
+        function = _libc_syncfs()
+        if function is None:
+            raise OSError(errno.ENOSYS, "syncfs(2) is not available")
+        if function(fd) != 0:
+            code = ctypes.get_errno()
+            raise OSError(code, os.strerror(code))
 
     def sync_dir(self, path: str) -> None:
         """Make a directory's entries (creates, renames, deletes) durable."""
