@@ -15,6 +15,7 @@ from typing import Any
 
 from .errors import (
     ClosedError,
+    CommitModeError,
     CorruptionError,
     DiskFullError,
     DroppedWhileReadingError,
@@ -25,7 +26,7 @@ from .errors import (
     UnsupportedVersionError,
     WaljError,
 )
-from .log import CommitModeError, Log, Record, VerifyReport, commit_stats, set_commit_mode
+from .log import Log, Record, VerifyReport, commit_stats, set_commit_mode
 from .log import read as _read_local
 from .log import verify as _verify_local
 

@@ -54,6 +54,11 @@ class SerializationError(WaljError):
     """The record cannot be stored as JSON (unsupported type, NaN or Infinity, non-dict)."""
 
 
+class CommitModeError(WaljError, ValueError):
+    """A commit mode that is not one of "inline", "files", "syncfs", a bad thread count, or
+    "syncfs" where the system has no usable syncfs(2)."""
+
+
 class ClosedError(WaljError):
     """The log or journal was used after close()."""
 

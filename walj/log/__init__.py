@@ -33,7 +33,7 @@ asks another process leaves for the live writer).
 from __future__ import annotations
 
 from ._base import Base
-from ._commits import CommitModeError, commit_stats, set_commit_mode
+from ._commits import commit_stats, set_commit_mode
 from ._log import Log
 from ._read import Record, VerifyReport, read, read_view, verify, verify_view
 from ._requests import (
@@ -52,7 +52,7 @@ from ._requests import remove_stale as remove_stale_requests
 from .format import BASE_NAME
 from .quarantine import CutLine, Quarantined
 
-__all__ = ["BASE_NAME", "PICK_UP_LIMIT", "REQUESTS_DIR", "REQUEST_LIMIT", "Base", "CommitModeError",
+__all__ = ["BASE_NAME", "PICK_UP_LIMIT", "REQUESTS_DIR", "REQUEST_LIMIT", "Base",
            "CutLine", "Log",
            "MalformedRequestError", "Quarantined", "Record", "RequestWatch", "VerifyReport",
            "holds_log", "load_request", "pending_requests", "post_request", "read", "read_view",

@@ -29,7 +29,7 @@ import threading
 from _thread import allocate_lock
 from typing import Any
 
-from ..errors import PoisonedError, WaljError
+from ..errors import CommitModeError, PoisonedError
 from .fs import FileSystem, syncfs_available
 
 MODES = ("inline", "files", "syncfs")
@@ -38,11 +38,6 @@ POLL_SECONDS = 0.5  # how often a waiter checks that the thread serving it is al
 
 
 Device = tuple[FileSystem, int]  # a file system, by the seam that reaches it and its st_dev
-
-
-class CommitModeError(WaljError, ValueError):
-    """A commit mode that is not one of "inline", "files", "syncfs", a bad thread count, or
-    "syncfs" where the system has no usable syncfs(2)."""
 
 
 class Request:
