@@ -174,11 +174,13 @@ class SegmentScan:
         if not data_at:
             return (yield from self._lines(lines, off))
         records = len(lines)
-        end = off + sum(map(len, lines)) + records
-        self._settle(records, expected + records, end)
         wanted = lines[self.start_seq - expected:] if self.start_seq > expected else lines
         if wanted:
             yield expected + records - len(wanted), data_of(wanted, data_at)
+        # Counted once handed on, as line by line: a reader closed at the yield reads them
+        # again when it resumes, rather than never.
+        end = off + sum(map(len, lines)) + records
+        self._settle(records, expected + records, end)
         return end
 
     def _lines(self, lines: list[bytes], off: int) -> Generator[tuple[int, list[bytes]], None,
@@ -206,20 +208,20 @@ class SegmentScan:
                 tag = record_tag % expected
                 data_at = body_start + len(tag)
                 continue
-            self._settle(counted, expected, off)
-            counted = 0
             if run:
                 yield expected - len(run), run
                 run = []
+            self._settle(counted, expected, off)
+            counted = 0
             end = off + len(line) + 1
             record = self._line(line, off, end, verified)
             fast, expected, tag, data_at = self._expecting()
             off = end
             if record is not None and record[0] >= start_seq:
                 yield record[0], [record[1]]
-        self._settle(counted, expected, off)
         if run:
             yield expected - len(run), run
+        self._settle(counted, expected, off)
         return off
 
     def _end(self, lines_of: LineReader) -> None:
