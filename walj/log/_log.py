@@ -11,8 +11,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from .._batch import encode_dicts
 from .._codec import encode as _encode_value
-from .._codec import encode_dicts
 from ..errors import PoisonedError, RecordTooLargeError, SerializationError
 from ._commits import check_commit
 from ._compaction import Compaction

@@ -9,6 +9,7 @@ from itertools import count, repeat
 from typing import Any, NamedTuple, cast
 
 from .. import _codec
+from .._batch import block_parser
 from ..errors import CorruptionError, DroppedWhileReadingError, WaljError
 from ._base import Base, read_base
 from .fs import DEFAULT_FS, FileSystem
@@ -94,7 +95,7 @@ def read_view(directory: str, fs: FileSystem, start_seq: int = 0, *,
     view alone knows is wrong at the log's end; it raises unless recovery is "salvage"."""
     scan = LogScan(directory, mode=recovery, start_seq=start_seq, fs=fs, follow_rotation=True,
                    report_holes=True)
-    parse = _codec.block_parser()
+    parse = block_parser()
     salvage = recovery == "salvage"
     blocks = scan.blocks()
     try:

@@ -8,9 +8,10 @@ from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from itertools import count
 
-from ..errors import CorruptionError, UnsupportedVersionError, WaljError
+from ..errors import UnsupportedVersionError, WaljError
 from . import format as fmt
 from .blocks import check_block, data_of
+from .ends import read_ends, read_header  # re-exported: where readers have found them
 from .format import SEAL_LINE_LIMIT
 from .fs import FileSystem
 from .lines import BLOCK_BYTES, LineReader, bad_line_kind, zero_filled
@@ -173,11 +174,13 @@ class SegmentScan:
         if not data_at:
             return (yield from self._lines(lines, off))
         records = len(lines)
-        end = off + sum(map(len, lines)) + records
-        self._settle(records, expected + records, end)
         wanted = lines[self.start_seq - expected:] if self.start_seq > expected else lines
         if wanted:
             yield expected + records - len(wanted), data_of(wanted, data_at)
+        # Counted once handed on, as line by line: a reader closed at the yield reads them
+        # again when it resumes, rather than never.
+        end = off + sum(map(len, lines)) + records
+        self._settle(records, expected + records, end)
         return end
 
     def _lines(self, lines: list[bytes], off: int) -> Generator[tuple[int, list[bytes]], None,
@@ -205,20 +208,20 @@ class SegmentScan:
                 tag = record_tag % expected
                 data_at = body_start + len(tag)
                 continue
-            self._settle(counted, expected, off)
-            counted = 0
             if run:
                 yield expected - len(run), run
                 run = []
+            self._settle(counted, expected, off)
+            counted = 0
             end = off + len(line) + 1
             record = self._line(line, off, end, verified)
             fast, expected, tag, data_at = self._expecting()
             off = end
             if record is not None and record[0] >= start_seq:
                 yield record[0], [record[1]]
-        self._settle(counted, expected, off)
         if run:
             yield expected - len(run), run
+        self._settle(counted, expected, off)
         return off
 
     def _end(self, lines_of: LineReader) -> None:
@@ -371,51 +374,3 @@ def first_record(fs: FileSystem, directory: str, name: str) -> tuple[int, bytes]
         return None
     finally:
         records.close()
-
-
-def _header_of(head: bytes) -> fmt.Header | None:
-    line = head.split(b"\n", 1)[0]
-    if len(line) == len(head) or not fmt.checksum_ok(line):
-        return None
-    try:
-        return fmt.parse_header(line)
-    except UnsupportedVersionError:
-        return None
-
-
-def read_header(fs: FileSystem, directory: str, name: str) -> fmt.Header | None:
-    """The verified header of a segment, read without scanning the rest; None if unreadable
-    (a file that is not a regular one included)."""
-    try:
-        fd = fs.open_read(os.path.join(directory, name))
-    except CorruptionError:
-        return None
-    try:
-        head = fs.pread(fd, fmt.HEADER_LINE_LIMIT, 0)
-    finally:
-        fs.close(fd)
-    return _header_of(head)
-
-
-def read_ends(fs: FileSystem, directory: str, name: str) -> tuple[fmt.Header | None,
-                                                                  fmt.Seal | None]:
-    """A segment's verified header and, when its last line is a verified seal, that seal: what
-    can be checked of a segment without reading its records. None for what is not there."""
-    fd = fs.open_read(os.path.join(directory, name))
-    try:
-        head = fs.pread(fd, fmt.HEADER_LINE_LIMIT, 0)
-        size = fs.fstat_size(fd)
-        start = max(0, size - SEAL_LINE_LIMIT)
-        tail = fs.pread(fd, size - start, start) if size else b""
-    finally:
-        fs.close(fd)
-    header = _header_of(head)
-    if not tail.endswith(b"\n"):
-        return header, None
-    line_start = tail.rfind(b"\n", 0, len(tail) - 1) + 1
-    if line_start == 0:  # the window holds one line: too long for a seal, or the header
-        return header, None
-    line = tail[line_start:-1]
-    if not fmt.checksum_ok(line):
-        return header, None
-    return header, fmt.parse_seal(line)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from backends import Backend
-from helpers import segments
+from helpers import make_records, segments
 from torture.budget import reproduce_hint, rng_for, scaled
 
 import walj
@@ -195,3 +195,21 @@ def test_random_damage_reads_as_the_line_by_line_path_reads_it(
         assert by_block == _line_by_line(directory, fs, monkeypatch), (
             trial, damaged.name, reproduce_hint())
     assert kinds
+
+
+def test_a_read_closed_inside_a_block_resumes_without_skipping_a_record(
+        backend: Backend, tmp_path: Path) -> None:
+    """A reader that stops after part of a block (walj tail -f between reads) reads the
+    rest of it when it resumes: a record handed on is counted only once the whole block was
+    taken, so a resumed read may repeat some, never skip one."""
+    path = tmp_path / "log"
+    with walj.Log.open(path, sync="never") as log:
+        log.append_many(make_records(200))
+    directory, fs = backend.open(path)
+    scan = SegmentScan(fs, directory, segments(path)[0].name)
+    records = scan.read_more()
+    assert [next(records)[0] for _ in range(3)] == [1, 2, 3]
+    records.close()
+    again = [seq for seq, _ in scan.read_more()]
+    assert again[0] <= 4 and again[-1] == 200 and again == list(range(again[0], 201))
+    assert scan.records == 200 and scan.problems == []
