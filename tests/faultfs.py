@@ -14,12 +14,17 @@ a power cut may leave (`crash(mode=..., rng=...)`):
             unit a disk writes; writes after a sync point are unordered until the next sync);
   "reorder" unsynced appends that reached the disk out of order, with holes of zeros where the
             earlier ones were lost (each unsynced directory entry is kept or lost at random);
-  "zero"    an unsynced tail read back as zeros;
+  "zero"    the unsynced writes read back as zeros from a random byte on;
   "keep"    nothing lost, as when only the process dies. The bookkeeping stays: what was not
             synced before is still not durable, so a later power cut through the same FaultyFS
             can still lose it (a process that dies between a mkdir and its parent's sync
             leaves a directory the next process must not take for durable).
 An unsynced truncation is undone by every mode but "keep".
+
+A write may land anywhere in a file (`pwrite` into space preallocated with zeros, whose size a
+sync already made durable): what a crash loses is each unsynced write's bytes, which read back
+as what the file held there before (zeros, or nothing past the durable end), not only the
+bytes past the synced size.
 """
 
 from __future__ import annotations
@@ -55,9 +60,20 @@ class _Rule:
 
 
 @dataclass
+class _Write:
+    """One unsynced write: where, what it wrote, what it replaced, and its place in order."""
+
+    start: int
+    end: int
+    data: bytes
+    prior: bytes  # the bytes it overwrote (none past the file's end at the time)
+    serial: int
+
+
+@dataclass
 class _FileState:
     synced_size: int
-    writes: list[tuple[int, int]] = field(default_factory=list)  # unsynced (start, end)
+    writes: list[_Write] = field(default_factory=list)  # unsynced, in the order made
     cut: tuple[int, bytes] | None = None  # an unsynced truncation: (length, bytes it removed)
 
 
@@ -89,6 +105,7 @@ class FaultyFS(FileSystem):
         self.dead = False
         self.injected: list[str] = []  # every fault that fired, in order
         self._guard = threading.RLock()
+        self._serial = 0  # counts writes, so a sync knows which ones began before it
 
     # --- configuring faults --------------------------------------------------------------------
 
@@ -149,6 +166,8 @@ class FaultyFS(FileSystem):
             for path, state in self._files.items():
                 if os.path.exists(path):
                     total += max(0, os.path.getsize(path) - state.synced_size)
+                    total += sum(w.end - w.start for w in state.writes
+                                 if w.start < state.synced_size)
         return total
 
     # --- the FileSystem interface --------------------------------------------------------------
@@ -172,18 +191,44 @@ class FaultyFS(FileSystem):
         self._track_file(path, fresh=False)
         return fd
 
+    def open_write(self, path: str) -> int:
+        self._hook("open_write", path, False)
+        self._dir(path)
+        fd = super().open_write(path)
+        with self._guard:
+            self._fd_path[fd] = path
+        self._track_file(path, fresh=False)
+        return fd
+
     def write(self, fd: int, data: bytes) -> int:
+        return self._write(fd, data, None)
+
+    def pwrite(self, fd: int, data: bytes, offset: int) -> int:
+        """Hooked and counted as a "write", like a write at the end."""
+        return self._write(fd, data, offset)
+
+    def _write(self, fd: int, data: bytes, offset: int | None) -> int:
         path = self._fd_path.get(fd, "?")
         self._hook("write", path, False)
         if self.short_write_bytes is not None:
             data, self.short_write_bytes = data[: self.short_write_bytes], None
             self.injected.append(f"short write {path}")
-        n = super().write(fd, data)
+        prior = b""
+        if offset is not None and path in self._files:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                prior = f.read(len(data))
+        if offset is None:
+            n = super().write(fd, data)
+            end = os.lseek(fd, 0, os.SEEK_CUR)  # past the bytes just written (O_APPEND too)
+        else:
+            n = super().pwrite(fd, data, offset)
+            end = offset + n
         with self._guard:
             state = self._files.get(path)
             if state is not None and n > 0:
-                end = os.fstat(fd).st_size  # O_APPEND: the bytes just written end the file
-                state.writes.append((end - n, end))
+                self._serial += 1
+                state.writes.append(_Write(end - n, end, data[:n], prior[:n], self._serial))
         self._hook("write", path, True)
         return n
 
@@ -192,6 +237,8 @@ class FaultyFS(FileSystem):
         self._hook("sync", path, False)
         # Only what was written before the sync began is sure to be covered by it.
         size = os.fstat(fd).st_size
+        with self._guard:
+            covered = self._serial
         during, self.during_sync = self.during_sync, None
         if during is not None:
             during()
@@ -200,7 +247,7 @@ class FaultyFS(FileSystem):
             state = self._files.get(path)
             if state is not None:
                 state.synced_size = size
-                state.writes = [w for w in state.writes if w[1] > size]
+                state.writes = [w for w in state.writes if w.serial > covered]
                 if state.cut is not None and state.cut[0] <= size:
                     state.cut = None
         self._hook("sync", path, True)
@@ -247,7 +294,9 @@ class FaultyFS(FileSystem):
         super().truncate(fd, length)
         with self._guard:
             if state is not None:
-                state.writes = [(a, min(b, length)) for a, b in state.writes if a < length]
+                state.writes = [_Write(w.start, min(w.end, length), w.data[:length - w.start],
+                                       w.prior[:length - w.start], w.serial)
+                                for w in state.writes if w.start < length]
         self._hook("truncate", path, True)
 
     def mkdir(self, path: str) -> None:
@@ -305,46 +354,71 @@ class FaultyFS(FileSystem):
                 f.write(state.cut[1])
             size += len(state.cut[1])
         synced = state.synced_size
-        if size <= synced:
+        writes = state.writes
+        if not writes:
+            if size > synced:  # grown by no write this file system saw
+                os.truncate(path, synced)
             return
-        writes = [(max(a, synced), b) for a, b in state.writes if b > synced] or [(synced, size)]
         if mode == "drop":
-            os.truncate(path, synced)
+            FaultyFS._land(path, writes, [False] * len(writes), min(size, synced))
         elif mode == "tear":
             FaultyFS._tear(path, writes, synced, size, rng)
         elif mode == "zero":
-            start = rng.randint(synced, size)
+            start = rng.randint(min(w.start for w in writes), max(w.end for w in writes))
             with open(path, "r+b") as f:
-                f.seek(start)
-                f.write(b"\0" * (size - start))
+                for w in writes:
+                    if w.end > start:
+                        f.seek(max(w.start, start))
+                        f.write(bytes(w.end - max(w.start, start)))
         else:  # reorder: each unsynced write reached the disk, or did not, on its own
-            kept = [w for w in writes if rng.random() < 0.5]
-            new_size = max([synced] + [b for _, b in kept])
-            with open(path, "r+b") as f:
-                for a, b in writes:
-                    if (a, b) not in kept and a < new_size:
-                        f.seek(a)
-                        f.write(b"\0" * (min(b, new_size) - a))
-            os.truncate(path, new_size)
+            kept = [rng.random() < 0.5 for _ in writes]
+            new_size = max([synced] + [w.end for w, k in zip(writes, kept, strict=True) if k])
+            new_size = min(size, new_size)
+            FaultyFS._land(path, writes, kept, new_size)
 
     @staticmethod
-    def _tear(path: str, writes: list[tuple[int, int]], synced: int, size: int,
+    def _land(path: str, writes: list[_Write], kept: list[bool], size: int) -> None:
+        """The file as a power cut leaves it: every unsynced write undone (its bytes read back
+        as what it overwrote, zeros where it grew the file), then those `kept` redone in order,
+        and the file `size` long."""
+        with open(path, "r+b") as f:
+            for w in reversed(writes):
+                f.seek(w.start)
+                f.write(w.prior + bytes(w.end - w.start - len(w.prior)))
+            for w, keep in zip(writes, kept, strict=True):
+                if keep:
+                    f.seek(w.start)
+                    f.write(w.data)
+        os.truncate(path, size)
+
+    @staticmethod
+    def _tear(path: str, writes: list[_Write], synced: int, size: int,
               rng: random.Random) -> None:
-        """Tear one unsynced write, any of them, at a random byte. Either the file ends there,
-        or (half the time) the later writes landed as well: then what the torn write lost must
-        be whole sectors, read back as zeros, since a disk writes a sector whole or not at all;
-        a sector it shares with the next write is lost for both."""
-        start, end = writes[rng.randrange(len(writes))]
-        point = rng.randint(start, end)
+        """Tear one unsynced write, any of them, at a random byte. Either the writes after it
+        were lost and the file ends there (or at its durable size, if larger), or (half the
+        time) the later writes landed as well: then what the torn write lost must be whole
+        sectors, read back as zeros, since a disk writes a sector whole or not at all; a sector
+        it shares with the next write is lost for both."""
+        torn = rng.randrange(len(writes))
+        w = writes[torn]
+        point = rng.randint(w.start, w.end)
         if rng.random() < 0.5:
-            hole_start = max(point - point % SECTOR, -(-synced // SECTOR) * SECTOR)
-            hole_end = min(-(-end // SECTOR) * SECTOR, size)
-            if hole_start < hole_end and hole_start < end:
+            first = min([synced] + [x.start for x in writes])  # bytes before it are durable
+            hole_start = max(point - point % SECTOR, -(-first // SECTOR) * SECTOR)
+            hole_end = min(-(-w.end // SECTOR) * SECTOR, size)
+            if hole_start < hole_end and hole_start < w.end:
                 with open(path, "r+b") as f:
                     f.seek(hole_start)
-                    f.write(b"\0" * (hole_end - hole_start))
+                    f.write(bytes(hole_end - hole_start))
                 return
-        os.truncate(path, point)
+        kept = [i < torn for i in range(len(writes))]
+        parts = [*writes[:torn], _Write(w.start, point, w.data[:point - w.start], b"", 0)]
+        end = max([synced] + [x.end for x in parts])
+        FaultyFS._land(path, writes, kept, end)
+        if point > w.start:
+            with open(path, "r+b") as f:
+                f.seek(w.start)
+                f.write(w.data[:point - w.start])
 
     @staticmethod
     def _lose_entries(directory: str, dstate: _DirState, mode: str, rng: random.Random,
