@@ -123,11 +123,13 @@ class Rotation:
 
     def trim(self) -> None:
         """Cut the zeros ahead of the data off the active segment (before a seal, and on
-        close, so a closed log holds no preallocated space). Safe to repeat."""
+        close, so a closed log holds no preallocated space). Safe to repeat: the zeros are
+        forgotten only once the truncation returned, so an interrupt before it leaves them
+        to the next trim."""
         st = self._state
         if st.allocated != st.offset:
-            st.allocated = st.offset
             st.fs.truncate(st.fd, st.offset)
+            st.allocated = st.offset
 
     def trim_for_close(self) -> None:
         """On close: trim the active segment of a healthy handle. A failure is left alone:
