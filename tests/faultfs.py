@@ -32,16 +32,16 @@ from __future__ import annotations
 import errno
 import os
 import random
-import shutil
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import cast
+
+from powercut_bytes import DirState, FileState, Write, lose_entries, lose_file_bytes
 
 from walj.log.fs import FileSystem
 
 CRASH_MODES = ("drop", "tear", "reorder", "zero", "keep")
-SECTOR = 512  # the unit a torn write loses whole when later writes outlive it (docs/FORMAT.md)
 
 
 class SimulatedCrash(BaseException):
@@ -59,30 +59,6 @@ class _Rule:
     crash: bool = False
 
 
-@dataclass
-class _Write:
-    """One unsynced write: where, what it wrote, what it replaced, and its place in order."""
-
-    start: int
-    end: int
-    data: bytes
-    prior: bytes  # the bytes it overwrote (none past the file's end at the time)
-    serial: int
-
-
-@dataclass
-class _FileState:
-    synced_size: int
-    writes: list[_Write] = field(default_factory=list)  # unsynced, in the order made
-    cut: tuple[int, bytes] | None = None  # an unsynced truncation: (length, bytes it removed)
-
-
-@dataclass
-class _DirState:
-    synced_names: set[str] = field(default_factory=set)
-    renames: list[tuple[str, str]] = field(default_factory=list)  # unsynced (src, dst) in order
-
-
 class FaultyFS(FileSystem):
     """Wraps the real file system; remembers what is durable so `crash()` can drop the rest.
 
@@ -94,8 +70,8 @@ class FaultyFS(FileSystem):
         self.rules: list[_Rule] = []
         self.calls: list[tuple[str, str]] = []
         self._fd_path: dict[int, str] = {}
-        self._files: dict[str, _FileState] = {}
-        self._dirs: dict[str, _DirState] = {}
+        self._files: dict[str, FileState] = {}
+        self._dirs: dict[str, DirState] = {}
         self._made_dirs: set[str] = set()  # directories this file system's mkdir made
         self.short_write_bytes: int | None = None
         # Called once, by the next sync, after it took the size it is sure to cover and before
@@ -145,19 +121,19 @@ class FaultyFS(FileSystem):
 
     # --- bookkeeping ---------------------------------------------------------------------------
 
-    def _dir(self, path: str) -> _DirState:
+    def _dir(self, path: str) -> DirState:
         d = os.path.dirname(path)
         with self._guard:
             if d not in self._dirs:
                 names = set(os.listdir(d)) if os.path.isdir(d) else set()
-                self._dirs[d] = _DirState(names)
+                self._dirs[d] = DirState(names)
             return self._dirs[d]
 
     def _track_file(self, path: str, fresh: bool) -> None:
         with self._guard:
             if path not in self._files:
                 size = 0 if fresh else os.path.getsize(path)
-                self._files[path] = _FileState(size)
+                self._files[path] = FileState(size)
 
     def unsynced_bytes(self) -> int:
         """How many written bytes a crash now could lose (for tests that want a non-empty one)."""
@@ -178,7 +154,7 @@ class FaultyFS(FileSystem):
         fd = super().create(path)
         with self._guard:
             self._fd_path[fd] = path
-            self._files[path] = _FileState(0)
+            self._files[path] = FileState(0)
         self._hook("create", path, True)
         return fd
 
@@ -228,7 +204,7 @@ class FaultyFS(FileSystem):
             state = self._files.get(path)
             if state is not None and n > 0:
                 self._serial += 1
-                state.writes.append(_Write(end - n, end, data[:n], prior[:n], self._serial))
+                state.writes.append(Write(end - n, end, data[:n], prior[:n], self._serial))
         self._hook("write", path, True)
         return n
 
@@ -256,7 +232,7 @@ class FaultyFS(FileSystem):
         self._hook("sync_dir", path, False)
         super().sync_dir(path)
         with self._guard:
-            state = self._dirs.setdefault(path, _DirState())
+            state = self._dirs.setdefault(path, DirState())
             state.synced_names = set(os.listdir(path))
             state.renames.clear()
         self._hook("sync_dir", path, True)
@@ -294,7 +270,7 @@ class FaultyFS(FileSystem):
         super().truncate(fd, length)
         with self._guard:
             if state is not None:
-                state.writes = [_Write(w.start, min(w.end, length), w.data[:length - w.start],
+                state.writes = [Write(w.start, min(w.end, length), w.data[:length - w.start],
                                        w.prior[:length - w.start], w.serial)
                                 for w in state.writes if w.start < length]
         self._hook("truncate", path, True)
@@ -304,7 +280,7 @@ class FaultyFS(FileSystem):
         self._dir(path)
         super().mkdir(path)
         with self._guard:
-            self._dirs[path] = _DirState(set())
+            self._dirs[path] = DirState(set())
             self._made_dirs.add(path)
         self._hook("mkdir", path, True)
 
@@ -337,110 +313,14 @@ class FaultyFS(FileSystem):
             self.injected.append(f"crash {mode}")
             for path, state in self._files.items():
                 if os.path.exists(path):
-                    self._lose_file_bytes(path, state, mode, rng)
+                    lose_file_bytes(path, state, mode, rng)
             # Deepest first, so a directory's own entries are settled before it may be undone.
             for directory in sorted(self._dirs, key=lambda d: d.count(os.sep), reverse=True):
-                self._lose_entries(directory, self._dirs[directory], mode, rng,
+                lose_entries(directory, self._dirs[directory], mode, rng,
                                    self._made_dirs)
             self._files.clear()
             self._dirs.clear()
             self._made_dirs.clear()
-
-    @staticmethod
-    def _lose_file_bytes(path: str, state: _FileState, mode: str, rng: random.Random) -> None:
-        size = os.path.getsize(path)
-        if state.cut is not None and size == state.cut[0]:
-            with open(path, "ab") as f:  # the truncation never reached the disk
-                f.write(state.cut[1])
-            size += len(state.cut[1])
-        synced = state.synced_size
-        writes = state.writes
-        if not writes:
-            if size > synced:  # grown by no write this file system saw
-                os.truncate(path, synced)
-            return
-        if mode == "drop":
-            FaultyFS._land(path, writes, [False] * len(writes), min(size, synced))
-        elif mode == "tear":
-            FaultyFS._tear(path, writes, synced, size, rng)
-        elif mode == "zero":
-            start = rng.randint(min(w.start for w in writes), max(w.end for w in writes))
-            with open(path, "r+b") as f:
-                for w in writes:
-                    if w.end > start:
-                        f.seek(max(w.start, start))
-                        f.write(bytes(w.end - max(w.start, start)))
-        else:  # reorder: each unsynced write reached the disk, or did not, on its own
-            kept = [rng.random() < 0.5 for _ in writes]
-            new_size = max([synced] + [w.end for w, k in zip(writes, kept, strict=True) if k])
-            new_size = min(size, new_size)
-            FaultyFS._land(path, writes, kept, new_size)
-
-    @staticmethod
-    def _land(path: str, writes: list[_Write], kept: list[bool], size: int) -> None:
-        """The file as a power cut leaves it: every unsynced write undone (its bytes read back
-        as what it overwrote, zeros where it grew the file), then those `kept` redone in order,
-        and the file `size` long."""
-        with open(path, "r+b") as f:
-            for w in reversed(writes):
-                f.seek(w.start)
-                f.write(w.prior + bytes(w.end - w.start - len(w.prior)))
-            for w, keep in zip(writes, kept, strict=True):
-                if keep:
-                    f.seek(w.start)
-                    f.write(w.data)
-        os.truncate(path, size)
-
-    @staticmethod
-    def _tear(path: str, writes: list[_Write], synced: int, size: int,
-              rng: random.Random) -> None:
-        """Tear one unsynced write, any of them, at a random byte. Either the writes after it
-        were lost and the file ends there (or at its durable size, if larger), or (half the
-        time) the later writes landed as well: then what the torn write lost must be whole
-        sectors, read back as zeros, since a disk writes a sector whole or not at all; a sector
-        it shares with the next write is lost for both."""
-        torn = rng.randrange(len(writes))
-        w = writes[torn]
-        point = rng.randint(w.start, w.end)
-        if rng.random() < 0.5:
-            first = min([synced] + [x.start for x in writes])  # bytes before it are durable
-            hole_start = max(point - point % SECTOR, -(-first // SECTOR) * SECTOR)
-            hole_end = min(-(-w.end // SECTOR) * SECTOR, size)
-            if hole_start < hole_end and hole_start < w.end:
-                with open(path, "r+b") as f:
-                    f.seek(hole_start)
-                    f.write(bytes(hole_end - hole_start))
-                return
-        kept = [i < torn for i in range(len(writes))]
-        parts = [*writes[:torn], _Write(w.start, point, w.data[:point - w.start], b"", 0)]
-        end = max([synced] + [x.end for x in parts])
-        FaultyFS._land(path, writes, kept, end)
-        if point > w.start:
-            with open(path, "r+b") as f:
-                f.seek(w.start)
-                f.write(w.data[:point - w.start])
-
-    @staticmethod
-    def _lose_entries(directory: str, dstate: _DirState, mode: str, rng: random.Random,
-                      made: set[str]) -> None:
-        def lost() -> bool:
-            return mode != "reorder" or rng.random() < 0.5
-
-        for src, dst in reversed(dstate.renames):
-            if os.path.exists(dst) and lost():
-                os.rename(dst, src)
-        dstate.renames.clear()
-        if not os.path.isdir(directory):
-            return  # undone with its parent already
-        for name in sorted(set(os.listdir(directory)) - dstate.synced_names):
-            full = os.path.join(directory, name)
-            if os.path.islink(full):
-                continue
-            if os.path.isfile(full) and lost():
-                os.unlink(full)
-            elif os.path.isdir(full) and full in made and lost():
-                shutil.rmtree(full)  # an unsynced mkdir: the directory and all it held
-
 
 class _Ticks:
     """The interval syncer's clock, stepped by a test: `wait` reports "not stopped yet" `n`
