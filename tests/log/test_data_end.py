@@ -145,3 +145,23 @@ def test_a_reader_beside_a_live_writer_sees_its_zeros_as_the_end_of_the_data(
         salvage = walj.Log.open(path, recovery="salvage")
         assert salvage.problems == [] and salvage.last_seq == 4
         salvage.close()
+
+
+def test_repair_of_a_torn_line_followed_by_zeros_plans_and_cuts_only_the_torn_bytes(
+        tmp_path: Path) -> None:
+    from cli_helpers import walj_cli
+
+    path = tmp_path / "log"
+    data = _closed_log(path)
+    torn = _record_line(6)[:25]
+    last = segments(path)[-1]
+    last.write_bytes(data + torn + bytes(ZEROS))
+    dry = walj_cli("repair", path, "--dry-run", "--json")
+    assert dry.code == 0, dry.err
+    (planned,) = dry.json()["cuts"]
+    assert planned["offset"] == len(data) and planned["length"] == len(torn)
+    run = walj_cli("repair", path, "--json")
+    assert run.code == 0, run.err
+    (cut,) = run.json()["cuts"]
+    assert cut["length"] == len(torn) and (path / cut["quarantine_file"]).read_bytes() == torn
+    assert last.read_bytes() == data

@@ -17,8 +17,9 @@ from .fs import DEFAULT_FS, FileSystem, read_regular, refuse_hard_link, write_al
 from .lines import CHUNK_BYTES, LineReader
 from .segment import TAIL_KINDS
 
-__all__ = ["MANIFEST_LIMIT", "CutLine", "Quarantined", "check_quarantine_dir", "cut_lines",
-           "cut_segment", "manifest_entries", "manifest_entry", "plain_name", "read_manifest"]
+__all__ = ["MANIFEST_LIMIT", "CutLine", "Quarantined", "check_quarantine_dir", "cut_length",
+           "cut_lines", "cut_segment", "manifest_entries", "manifest_entry", "plain_name",
+           "read_manifest"]
 
 # A manifest holds one short line per cut; more than this is not a manifest walj wrote.
 MANIFEST_LIMIT = 64 << 20
@@ -117,6 +118,15 @@ def cut_segment(
             if fd >= 0:
                 fs.close(fd)
     return entry
+
+
+def cut_length(fs: FileSystem, path: str, offset: int) -> int:
+    """How many bytes `cut_segment` would move into quarantine from `offset` on."""
+    fd = fs.open_read(path)
+    try:
+        return _last_nonzero_end(fs, fd, offset, fs.fstat_size(fd)) - offset
+    finally:
+        fs.close(fd)
 
 
 def _last_nonzero_end(fs: FileSystem, fd: int, offset: int, size: int) -> int:
