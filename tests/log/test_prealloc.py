@@ -4,6 +4,7 @@ them off before a seal and on close, and settles an interrupted write from its b
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
@@ -333,3 +334,15 @@ def test_syscall_order_of_preallocated_appends(tmp_path: Path) -> None:
         assert ops[i + 1] == "fdatasync", on_first[i: i + 2]
     assert extensions >= 1, "no write passed the first chunk of zeros"
     assert ops[seal - 1] == "ftruncate" and ops[seal + 1] == "fdatasync"
+
+
+def test_a_failed_trim_on_close_poisons_and_loses_no_durable_record(tmp_path: Path) -> None:
+    path = tmp_path / "log"
+    fs = FaultyFS()
+    log = walj.Log.open(path, _fs=fs)
+    log.append({"i": 0})
+    fs.fail("truncate", err=errno.ENOSPC)
+    with pytest.raises(walj.DiskFullError):
+        log.close()
+    with walj.Log.open(path, recovery="strict") as reopened:
+        assert reopened.problems == [] and reopened.last_seq == 1

@@ -297,8 +297,11 @@ class Log:
             syncer.join()  # returns at once inside the syncer (a finalizer may close there)
         if not self._state.forked:  # a forked child only lets go of the parent's descriptors
             with self._compaction.drop_lock:  # a drop under way ends before the release
-                self._rotation.trim_for_close()  # a closed log holds no preallocated space
+                # A closed log holds no preallocated space; a failed trim poisons.
+                trim_failure = self._rotation.trim_for_close()
                 self._commit.close(self._rotation.seal_for_close if seal else None)
+                if trim_failure is not None:
+                    self._commit.close_failure = trim_failure  # typed: DiskFullError too
                 self._state.release()
         self._state.release()  # idempotent
         self._forget_finalizers()

@@ -10,6 +10,7 @@ import os
 import time
 from typing import Any
 
+from ..errors import PoisonedError
 from . import format as fmt
 from ._durability import WriterState
 from .fs import pwrite_all, write_all
@@ -131,14 +132,20 @@ class Rotation:
             st.fs.truncate(st.fd, st.offset)
             st.allocated = st.offset
 
-    def trim_for_close(self) -> None:
-        """On close: trim the active segment of a healthy handle. A failure is left alone:
-        zeros past the data are a reader's end of data, so nothing is lost or damaged."""
+    def trim_for_close(self) -> PoisonedError | None:
+        """On close: trim the active segment of a healthy handle. A failure poisons, as any
+        failed write does, and is returned for close to raise: the file system's state is
+        unknown."""
         st = self._state
         with st.lock:
             if st.fd >= 0 and not st.unusable:
-                with contextlib.suppress(OSError):
+                try:
                     self.trim()
+                except OSError as exc:
+                    failure = st.poison(exc)
+                    failure.__cause__ = exc
+                    return failure
+        return None
 
     def rehash(self, size: int) -> Any:
         """The SHA-256 of the active segment's first `size` bytes, read from the file."""
