@@ -86,6 +86,10 @@ def counting_fs(
                 counts.bump("writes")
                 return super().write(fd, data)
 
+            def pwrite(self, fd: int, data: bytes, offset: int) -> int:
+                counts.bump("writes")
+                return super().pwrite(fd, data, offset)
+
         return CountingWritesFS(), counts
     return CountingFS(), counts
 

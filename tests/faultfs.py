@@ -14,12 +14,17 @@ a power cut may leave (`crash(mode=..., rng=...)`):
             unit a disk writes; writes after a sync point are unordered until the next sync);
   "reorder" unsynced appends that reached the disk out of order, with holes of zeros where the
             earlier ones were lost (each unsynced directory entry is kept or lost at random);
-  "zero"    an unsynced tail read back as zeros;
+  "zero"    the unsynced writes read back as zeros from a random byte on;
   "keep"    nothing lost, as when only the process dies. The bookkeeping stays: what was not
             synced before is still not durable, so a later power cut through the same FaultyFS
             can still lose it (a process that dies between a mkdir and its parent's sync
             leaves a directory the next process must not take for durable).
 An unsynced truncation is undone by every mode but "keep".
+
+A write may land anywhere in a file (`pwrite` into space preallocated with zeros, whose size a
+sync already made durable): what a crash loses is each unsynced write's bytes, which read back
+as what the file held there before (zeros, or nothing past the durable end), not only the
+bytes past the synced size.
 """
 
 from __future__ import annotations
@@ -27,16 +32,16 @@ from __future__ import annotations
 import errno
 import os
 import random
-import shutil
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import cast
+
+from powercut_bytes import DirState, FileState, Write, lose_entries, lose_file_bytes
 
 from walj.log.fs import FileSystem
 
 CRASH_MODES = ("drop", "tear", "reorder", "zero", "keep")
-SECTOR = 512  # the unit a torn write loses whole when later writes outlive it (docs/FORMAT.md)
 
 
 class SimulatedCrash(BaseException):
@@ -54,19 +59,6 @@ class _Rule:
     crash: bool = False
 
 
-@dataclass
-class _FileState:
-    synced_size: int
-    writes: list[tuple[int, int]] = field(default_factory=list)  # unsynced (start, end)
-    cut: tuple[int, bytes] | None = None  # an unsynced truncation: (length, bytes it removed)
-
-
-@dataclass
-class _DirState:
-    synced_names: set[str] = field(default_factory=set)
-    renames: list[tuple[str, str]] = field(default_factory=list)  # unsynced (src, dst) in order
-
-
 class FaultyFS(FileSystem):
     """Wraps the real file system; remembers what is durable so `crash()` can drop the rest.
 
@@ -78,8 +70,8 @@ class FaultyFS(FileSystem):
         self.rules: list[_Rule] = []
         self.calls: list[tuple[str, str]] = []
         self._fd_path: dict[int, str] = {}
-        self._files: dict[str, _FileState] = {}
-        self._dirs: dict[str, _DirState] = {}
+        self._files: dict[str, FileState] = {}
+        self._dirs: dict[str, DirState] = {}
         self._made_dirs: set[str] = set()  # directories this file system's mkdir made
         self.short_write_bytes: int | None = None
         # Called once, by the next sync, after it took the size it is sure to cover and before
@@ -89,6 +81,7 @@ class FaultyFS(FileSystem):
         self.dead = False
         self.injected: list[str] = []  # every fault that fired, in order
         self._guard = threading.RLock()
+        self._serial = 0  # counts writes, so a sync knows which ones began before it
 
     # --- configuring faults --------------------------------------------------------------------
 
@@ -128,19 +121,19 @@ class FaultyFS(FileSystem):
 
     # --- bookkeeping ---------------------------------------------------------------------------
 
-    def _dir(self, path: str) -> _DirState:
+    def _dir(self, path: str) -> DirState:
         d = os.path.dirname(path)
         with self._guard:
             if d not in self._dirs:
                 names = set(os.listdir(d)) if os.path.isdir(d) else set()
-                self._dirs[d] = _DirState(names)
+                self._dirs[d] = DirState(names)
             return self._dirs[d]
 
     def _track_file(self, path: str, fresh: bool) -> None:
         with self._guard:
             if path not in self._files:
                 size = 0 if fresh else os.path.getsize(path)
-                self._files[path] = _FileState(size)
+                self._files[path] = FileState(size)
 
     def unsynced_bytes(self) -> int:
         """How many written bytes a crash now could lose (for tests that want a non-empty one)."""
@@ -149,6 +142,8 @@ class FaultyFS(FileSystem):
             for path, state in self._files.items():
                 if os.path.exists(path):
                     total += max(0, os.path.getsize(path) - state.synced_size)
+                    total += sum(w.end - w.start for w in state.writes
+                                 if w.start < state.synced_size)
         return total
 
     # --- the FileSystem interface --------------------------------------------------------------
@@ -159,7 +154,7 @@ class FaultyFS(FileSystem):
         fd = super().create(path)
         with self._guard:
             self._fd_path[fd] = path
-            self._files[path] = _FileState(0)
+            self._files[path] = FileState(0)
         self._hook("create", path, True)
         return fd
 
@@ -172,18 +167,44 @@ class FaultyFS(FileSystem):
         self._track_file(path, fresh=False)
         return fd
 
+    def open_write(self, path: str) -> int:
+        self._hook("open_write", path, False)
+        self._dir(path)
+        fd = super().open_write(path)
+        with self._guard:
+            self._fd_path[fd] = path
+        self._track_file(path, fresh=False)
+        return fd
+
     def write(self, fd: int, data: bytes) -> int:
+        return self._write(fd, data, None)
+
+    def pwrite(self, fd: int, data: bytes, offset: int) -> int:
+        """Hooked and counted as a "write", like a write at the end."""
+        return self._write(fd, data, offset)
+
+    def _write(self, fd: int, data: bytes, offset: int | None) -> int:
         path = self._fd_path.get(fd, "?")
         self._hook("write", path, False)
         if self.short_write_bytes is not None:
             data, self.short_write_bytes = data[: self.short_write_bytes], None
             self.injected.append(f"short write {path}")
-        n = super().write(fd, data)
+        prior = b""
+        if offset is not None and path in self._files:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                prior = f.read(len(data))
+        if offset is None:
+            n = super().write(fd, data)
+            end = os.lseek(fd, 0, os.SEEK_CUR)  # past the bytes just written (O_APPEND too)
+        else:
+            n = super().pwrite(fd, data, offset)
+            end = offset + n
         with self._guard:
             state = self._files.get(path)
             if state is not None and n > 0:
-                end = os.fstat(fd).st_size  # O_APPEND: the bytes just written end the file
-                state.writes.append((end - n, end))
+                self._serial += 1
+                state.writes.append(Write(end - n, end, data[:n], prior[:n], self._serial))
         self._hook("write", path, True)
         return n
 
@@ -192,6 +213,8 @@ class FaultyFS(FileSystem):
         self._hook("sync", path, False)
         # Only what was written before the sync began is sure to be covered by it.
         size = os.fstat(fd).st_size
+        with self._guard:
+            covered = self._serial
         during, self.during_sync = self.during_sync, None
         if during is not None:
             during()
@@ -200,7 +223,7 @@ class FaultyFS(FileSystem):
             state = self._files.get(path)
             if state is not None:
                 state.synced_size = size
-                state.writes = [w for w in state.writes if w[1] > size]
+                state.writes = [w for w in state.writes if w.serial > covered]
                 if state.cut is not None and state.cut[0] <= size:
                     state.cut = None
         self._hook("sync", path, True)
@@ -210,6 +233,7 @@ class FaultyFS(FileSystem):
         began (a syncfs(2) of the file system; directory entries are left to sync_dir)."""
         self._hook("syncfs", "?", False)
         with self._guard:
+            covered = self._serial  # only what was written before the call began
             sizes = {}
             for path in self._files:
                 try:
@@ -222,7 +246,7 @@ class FaultyFS(FileSystem):
                 state = self._files.get(path)
                 if state is not None:
                     state.synced_size = size
-                    state.writes = [w for w in state.writes if w[1] > size]
+                    state.writes = [w for w in state.writes if w.serial > covered]
                     if state.cut is not None and state.cut[0] <= size:
                         state.cut = None
         self._hook("syncfs", "?", True)
@@ -231,7 +255,7 @@ class FaultyFS(FileSystem):
         self._hook("sync_dir", path, False)
         super().sync_dir(path)
         with self._guard:
-            state = self._dirs.setdefault(path, _DirState())
+            state = self._dirs.setdefault(path, DirState())
             state.synced_names = set(os.listdir(path))
             state.renames.clear()
         self._hook("sync_dir", path, True)
@@ -269,7 +293,9 @@ class FaultyFS(FileSystem):
         super().truncate(fd, length)
         with self._guard:
             if state is not None:
-                state.writes = [(a, min(b, length)) for a, b in state.writes if a < length]
+                state.writes = [Write(w.start, min(w.end, length), w.data[:length - w.start],
+                                       w.prior[:length - w.start], w.serial)
+                                for w in state.writes if w.start < length]
         self._hook("truncate", path, True)
 
     def mkdir(self, path: str) -> None:
@@ -277,7 +303,7 @@ class FaultyFS(FileSystem):
         self._dir(path)
         super().mkdir(path)
         with self._guard:
-            self._dirs[path] = _DirState(set())
+            self._dirs[path] = DirState(set())
             self._made_dirs.add(path)
         self._hook("mkdir", path, True)
 
@@ -310,85 +336,14 @@ class FaultyFS(FileSystem):
             self.injected.append(f"crash {mode}")
             for path, state in self._files.items():
                 if os.path.exists(path):
-                    self._lose_file_bytes(path, state, mode, rng)
+                    lose_file_bytes(path, state, mode, rng)
             # Deepest first, so a directory's own entries are settled before it may be undone.
             for directory in sorted(self._dirs, key=lambda d: d.count(os.sep), reverse=True):
-                self._lose_entries(directory, self._dirs[directory], mode, rng,
+                lose_entries(directory, self._dirs[directory], mode, rng,
                                    self._made_dirs)
             self._files.clear()
             self._dirs.clear()
             self._made_dirs.clear()
-
-    @staticmethod
-    def _lose_file_bytes(path: str, state: _FileState, mode: str, rng: random.Random) -> None:
-        size = os.path.getsize(path)
-        if state.cut is not None and size == state.cut[0]:
-            with open(path, "ab") as f:  # the truncation never reached the disk
-                f.write(state.cut[1])
-            size += len(state.cut[1])
-        synced = state.synced_size
-        if size <= synced:
-            return
-        writes = [(max(a, synced), b) for a, b in state.writes if b > synced] or [(synced, size)]
-        if mode == "drop":
-            os.truncate(path, synced)
-        elif mode == "tear":
-            FaultyFS._tear(path, writes, synced, size, rng)
-        elif mode == "zero":
-            start = rng.randint(synced, size)
-            with open(path, "r+b") as f:
-                f.seek(start)
-                f.write(b"\0" * (size - start))
-        else:  # reorder: each unsynced write reached the disk, or did not, on its own
-            kept = [w for w in writes if rng.random() < 0.5]
-            new_size = max([synced] + [b for _, b in kept])
-            with open(path, "r+b") as f:
-                for a, b in writes:
-                    if (a, b) not in kept and a < new_size:
-                        f.seek(a)
-                        f.write(b"\0" * (min(b, new_size) - a))
-            os.truncate(path, new_size)
-
-    @staticmethod
-    def _tear(path: str, writes: list[tuple[int, int]], synced: int, size: int,
-              rng: random.Random) -> None:
-        """Tear one unsynced write, any of them, at a random byte. Either the file ends there,
-        or (half the time) the later writes landed as well: then what the torn write lost must
-        be whole sectors, read back as zeros, since a disk writes a sector whole or not at all;
-        a sector it shares with the next write is lost for both."""
-        start, end = writes[rng.randrange(len(writes))]
-        point = rng.randint(start, end)
-        if rng.random() < 0.5:
-            hole_start = max(point - point % SECTOR, -(-synced // SECTOR) * SECTOR)
-            hole_end = min(-(-end // SECTOR) * SECTOR, size)
-            if hole_start < hole_end and hole_start < end:
-                with open(path, "r+b") as f:
-                    f.seek(hole_start)
-                    f.write(b"\0" * (hole_end - hole_start))
-                return
-        os.truncate(path, point)
-
-    @staticmethod
-    def _lose_entries(directory: str, dstate: _DirState, mode: str, rng: random.Random,
-                      made: set[str]) -> None:
-        def lost() -> bool:
-            return mode != "reorder" or rng.random() < 0.5
-
-        for src, dst in reversed(dstate.renames):
-            if os.path.exists(dst) and lost():
-                os.rename(dst, src)
-        dstate.renames.clear()
-        if not os.path.isdir(directory):
-            return  # undone with its parent already
-        for name in sorted(set(os.listdir(directory)) - dstate.synced_names):
-            full = os.path.join(directory, name)
-            if os.path.islink(full):
-                continue
-            if os.path.isfile(full) and lost():
-                os.unlink(full)
-            elif os.path.isdir(full) and full in made and lost():
-                shutil.rmtree(full)  # an unsynced mkdir: the directory and all it held
-
 
 class _Ticks:
     """The interval syncer's clock, stepped by a test: `wait` reports "not stopped yet" `n`

@@ -15,6 +15,11 @@ def segments(path: Path) -> list[Path]:
     return sorted(p for p in path.iterdir() if p.name.startswith("seg-") and p.suffix == ".jsonl")
 
 
+def data_size(segment: Path) -> int:
+    """How many bytes of a segment are data: a live writer's zeros after them are not."""
+    return len(segment.read_bytes().rstrip(b"\0"))
+
+
 def make_records(n: int, start: int = 0) -> list[dict[str, Any]]:
     return [{"i": i, "text": f"record {i}", "pad": "p" * (i % 7)} for i in range(start, start + n)]
 
@@ -47,14 +52,16 @@ def load_script(path: Path) -> Any:
 def strace_calls(trace: str) -> list[tuple[str, str]]:
     """(call, file) for every call of an `strace -f -o` trace, in order: the path an openat
     opened, the destination of a rename, the path of an unlink (unlinkat read as unlink) or of
-    an rmdir, and for a call on a descriptor the path it was opened from ("?" when unknown)."""
+    an rmdir, and for a call on a descriptor the path it was opened from ("?" when unknown).
+    A pwrite64 (a write at an offset, as into a preallocated segment) reads as a write."""
     fds: dict[str, str] = {}
     calls: list[tuple[str, str]] = []
     for line in trace.splitlines():
         call = line.split(None, 1)[1] if line[:1].isdigit() else line
         op = call.split("(", 1)[0]
-        result = call.rsplit("=", 1)[-1].strip().split()[0] if "=" in call else ""
         args = call[len(op) + 1 :]
+        op = "write" if op == "pwrite64" else op
+        result = call.rsplit("=", 1)[-1].strip().split()[0] if "=" in call else ""
         if op == "openat":
             target = args.split('"')[1]
             if result.isdigit():

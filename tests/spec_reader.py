@@ -33,6 +33,9 @@ What it implements, with the FORMAT.md section each rule comes from:
   hole: damage that starts with zeros (a line beginning with a zero byte, or covering a whole
   512-byte-aligned zero sector) followed only by torn lines and the records after the seq gap
   it causes. Everything else raises SpecError.
+- *The end of a segment's data*: a segment's data ends at the first line start that holds a
+  zero byte when every byte from there to the end of the file is zero (space preallocated
+  ahead of the data): those zeros are no line, and no problem.
 
 Where FORMAT.md left a choice open, the choice made here is marked "FORMAT.md does not say".
 """
@@ -97,6 +100,8 @@ def _lines(data: bytes) -> list[_Line]:
     lines: list[_Line] = []
     pos = 0
     while pos < len(data):
+        if data[pos] == 0 and data.count(0, pos) == len(data) - pos:
+            break  # preallocated space: the data ends here
         end = data.find(b"\n", pos)
         complete = end >= 0
         raw = data[pos:end] if complete else data[pos:]

@@ -63,6 +63,11 @@ class InterruptingFS(FileSystem):
     def write(self, fd: int, data: bytes) -> int:
         return int(self._call("write", lambda: super(InterruptingFS, self).write(fd, data)))
 
+    def pwrite(self, fd: int, data: bytes, offset: int) -> int:
+        """A write at an offset counts as a "write"."""
+        return int(self._call("write",
+                              lambda: super(InterruptingFS, self).pwrite(fd, data, offset)))
+
     def sync(self, fd: int) -> None:
         self._call("sync", lambda: super(InterruptingFS, self).sync(fd))
 
@@ -314,6 +319,12 @@ class BlockingFS(FileSystem):
             self.entered.set()
             self.release.wait(30)
         return super().write(fd, data)
+
+    def pwrite(self, fd: int, data: bytes, offset: int) -> int:
+        if self.marker in data:
+            self.entered.set()
+            self.release.wait(30)
+        return super().pwrite(fd, data, offset)
 
 
 def test_item15_cancelling_the_entry_of_an_async_turn_does_not_wedge_the_journal(
@@ -618,6 +629,9 @@ class FullDiskFS(FileSystem):
         raise OSError(28, os.strerror(28), path)
 
     def write(self, fd: int, data: bytes) -> int:
+        raise OSError(28, os.strerror(28))
+
+    def pwrite(self, fd: int, data: bytes, offset: int) -> int:
         raise OSError(28, os.strerror(28))
 
 

@@ -176,8 +176,8 @@ def test_strace_each_round_syncs_after_its_writes_and_before_the_acknowledgement
     covers it (fdatasync of its segment, or a syncfs), then the acknowledgement."""
     out = tmp_path / "trace"
     subprocess.run([STRACE, "-f", "-qq", "-s", "120", "-o", str(out), "-e",
-                    "trace=openat,write,fdatasync,syncfs", sys.executable, "-c", STRACE_CHILD,
-                    str(tmp_path), mode], check=True, env=ENV)
+                    "trace=openat,write,pwrite64,fdatasync,syncfs", sys.executable, "-c",
+                    STRACE_CHILD, str(tmp_path), mode], check=True, env=ENV)
     text = out.read_text()
     raw = [line.split(None, 1)[1] if line[:1].isdigit() else line for line in text.splitlines()]
     calls = strace_calls(text)

@@ -343,7 +343,7 @@ def test_syscall_order_of_a_drop(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     result = subprocess.run(
         [str(STRACE), "-f", "-qq", "-o", str(out), "-e",
-         "trace=openat,write,fdatasync,fsync,rename,unlink,unlinkat",
+         "trace=openat,write,pwrite64,fdatasync,fsync,rename,unlink,unlinkat",
          sys.executable, "-c", CHILD, str(log)],
         check=True, env=env, capture_output=True, text=True)
     assert int(result.stdout) >= 2
@@ -439,8 +439,8 @@ def test_syscall_order_of_a_sealing_close(tmp_path: Path) -> None:
     log = tmp_path / "log"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     subprocess.run([str(STRACE), "-f", "-qq", "-o", str(out), "-e",
-                    "trace=openat,write,fdatasync,fsync", sys.executable, "-c", SEAL_CHILD,
-                    str(log)], check=True, env=env)
+                    "trace=openat,write,pwrite64,fdatasync,fsync", sys.executable, "-c",
+                    SEAL_CHILD, str(log)], check=True, env=env)
     # A descriptor opened under the temporary name, before the rename, names its segment.
     events = [(op, os.path.basename(target).removesuffix(".tmp"))
               for op, target in strace_calls(out.read_text())

@@ -221,7 +221,7 @@ def test_every_write_to_a_segment_follows_a_check_of_the_lock(tmp_path: Path,
     assert STRACE is not None
     out, path = tmp_path / "trace", tmp_path / "log"
     subprocess.run([STRACE, "-f", "-qq", "-o", str(out), "-e",
-                    "trace=openat,write,newfstatat,fstatat64,statx,lstat",
+                    "trace=openat,write,pwrite64,newfstatat,fstatat64,statx,lstat",
                     sys.executable, "-c", APPENDS, str(path), sync], check=True, env=ENV)
     trace = out.read_text()
     lock = str(path / "LOCK")

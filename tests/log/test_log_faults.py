@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from faultfs import FaultyFS, SimulatedCrash, abandon, tick
-from helpers import all_data, make_records, segments, strace_calls
+from helpers import all_data, data_size, make_records, segments, strace_calls
 
 import walj
 
@@ -179,7 +179,8 @@ def test_syscall_order_of_appends_and_rotation(tmp_path: Path) -> None:
     log = tmp_path / "log"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     subprocess.run(
-        [STRACE, "-f", "-qq", "-o", str(out), "-e", "trace=openat,write,fdatasync,fsync,rename",
+        [STRACE, "-f", "-qq", "-o", str(out), "-e",
+         "trace=openat,write,pwrite64,fdatasync,fsync,rename",
          sys.executable, "-c", CHILD, str(log)],
         check=True, env=env,
     )
@@ -372,7 +373,7 @@ def test_an_interval_sync_covers_exactly_what_was_written_before_it_began(
         records.append({"n": len(records), "pad": "x" * rng.randint(0, pad)})
         return log.append(records[-1])
 
-    while (len(records) < 30 or os.path.getsize(segments(path)[-1]) > 700
+    while (len(records) < 30 or data_size(segments(path)[-1]) > 700
            or log.durable_seq == len(records)):
         append()  # rotations on the way; unsynced records, and room for the racing one
     assert len(segments(path)) > 2

@@ -110,7 +110,8 @@ def test_torn_bytes_are_quarantined_not_lost(logdir: Path) -> None:
     assert manifest[0]["sha256"] == hashlib.sha256(junk).hexdigest()
 
 
-@pytest.mark.parametrize("tail", [b"\x00" * 4096, b"garbage line\n", b'{"xxh64":"1"}\n'])
+@pytest.mark.parametrize("tail", [b"\x00" * 4096 + b"x", b"garbage line\n",
+                                  b'{"xxh64":"1"}\n'])
 def test_zero_fill_and_bad_last_line_are_torn_tails(logdir: Path, tail: bytes) -> None:
     write_log(logdir, make_records(5))
     with open(segments(logdir)[-1], "ab") as f:

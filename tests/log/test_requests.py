@@ -195,7 +195,7 @@ def _strace(tmp_path: Path, script: str, *args: str) -> list[tuple[str, str]]:
     out = tmp_path / "trace"
     subprocess.run(
         [str(STRACE), "-f", "-qq", "-o", str(out), "-e",
-         "trace=openat,write,fdatasync,fsync,rename,unlink,unlinkat",
+         "trace=openat,write,pwrite64,fdatasync,fsync,rename,unlink,unlinkat",
          sys.executable, "-c", script, *args],
         check=True, env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True)
     return strace_calls(out.read_text())

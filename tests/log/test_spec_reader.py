@@ -61,7 +61,8 @@ def test_ends_where_recovery_cuts_a_torn_tail(tmp_path: Path) -> None:
             log.append({"n": n})
     last = segments(path)[-1]
     whole = last.read_bytes()
-    for tail in (b'{"xxh64":"0123', b"\0" * 700, whole.splitlines(keepends=True)[-1][:-1]):
+    for tail in (b'{"xxh64":"0123', b"\0" * 700 + b"\1",
+                 whole.splitlines(keepends=True)[-1][:-1]):
         last.write_bytes(whole + tail)
         spec = read_log(path)
         assert spec.records == [(r.seq, r.data) for r in walj.read(path)]

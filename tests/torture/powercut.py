@@ -20,7 +20,8 @@ from walj.log import lock
 
 POWER_CUTS = tuple(m for m in CRASH_MODES if m != "keep")
 FAIL_OPS = ("write", "sync", "rename", "sync_dir", "create")
-RECOVERY_OPS = ("truncate", "unlink", "open_append", "mkdir")  # met only when a tail is cut
+# Met only when a tail is cut (truncate also when a seal or close trims the active segment).
+RECOVERY_OPS = ("truncate", "unlink", "open_append", "mkdir")
 
 
 def forget_locks_of_dead_process(path: Path) -> None:

@@ -346,6 +346,13 @@ class TearsACheckpoint(FileSystem):
             os.kill(os.getpid(), signal.SIGKILL)
         return super().write(fd, data)
 
+    def pwrite(self, fd, data, offset):
+        if self.armed and b'"data":{"kind":"checkpoint"' in data[:100]:
+            assert len(data) > 4096, len(data)
+            os.pwrite(fd, data[:4096 - offset % 4096], offset)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().pwrite(fd, data, offset)
+
 def lost(x):
     raise walj.ToolOutcomeUnknown("the connection dropped after the request went out")
 

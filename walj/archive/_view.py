@@ -175,7 +175,7 @@ class ArchiveView(FileSystem):
         path = args[0] if args and isinstance(args[0], str) else ""  # a path, not a descriptor
         raise OSError(errno.EROFS, "an archive view is read-only", path)
 
-    open_append = create = write = sync = sync_dir = _refuse_write
+    open_append = open_write = create = write = pwrite = sync = sync_dir = _refuse_write
     truncate = rename = unlink = mkdir = _refuse_write
 
 

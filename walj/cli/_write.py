@@ -15,7 +15,7 @@ from ..log import REQUESTS_DIR
 from ..log.format import QUARANTINE_DIR
 from ..log.fs import DEFAULT_FS
 from ..log.lock import read_owner
-from ..log.quarantine import cut_segment
+from ..log.quarantine import cut_length, cut_segment
 from ..log.scan import LogScan
 from ._common import (
     EXIT_OK,
@@ -189,7 +189,7 @@ def cmd_repair(args: argparse.Namespace) -> int:
         cuts, _ = plan_cuts(path)
         done: list[dict[str, Any]] = []
         for name, offset, kind in cuts:
-            length = os.path.getsize(os.path.join(path, name)) - offset
+            length = cut_length(DEFAULT_FS, os.path.join(path, name), offset)
             entry: dict[str, Any] = {"segment": name, "offset": offset, "length": length,
                                      "kind": kind, "quarantine_file": None, "sha256": None}
             if not args.dry_run:

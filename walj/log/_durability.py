@@ -49,12 +49,14 @@ class WriterLock(Protocol):
 
 class WriterState:
     """What the Log, its Commit, Rotation and Compaction share, guarded by `lock`: the active
-    segment (`fd`, `index`, `offset`, `records`, the running SHA-256 `digest`), the seq
+    segment (`fd`, `index`, `offset`, `records`, the running SHA-256 `digest`, and
+    `allocated`, where the zeros written ahead of its data end), the seq
     counters, and the flags that make the handle refuse work (`unusable` is set whenever one
     of closed, poisoned, forked, read-only or mid-rotation is, so the hot path tests one)."""
 
     __slots__ = ("dir", "fs", "read_only", "lock", "cond", "syncing", "writer_lock", "log_id",
-                 "fd", "index", "offset", "records", "digest", "digest_update", "sealed",
+                 "fd", "index", "offset", "allocated", "records", "digest", "digest_update",
+                 "sealed",
                  "next_seq", "durable_seq", "poisoned", "forked", "closed", "unusable")
 
     def __init__(self, directory: str, fs: FileSystem, read_only: bool) -> None:
@@ -65,6 +67,7 @@ class WriterState:
         self.writer_lock: WriterLock | None = None
         self.log_id = ""
         self.fd, self.index, self.offset, self.records = -1, 0, 0, 0  # the active segment's
+        self.allocated = 0  # the active segment's bytes up to here exist: data, then zeros
         self.digest: Any = hashlib.sha256()
         self.digest_update: Any = self.digest.update
         self.sealed: tuple[int, int, str] | None = None  # (index, last seq, sha256) mid-rotation
@@ -73,19 +76,23 @@ class WriterState:
         self.forked = self.closed = False
         self.unusable = read_only
 
-    def landed(self, offset: int, length: int, what: str) -> bool:
-        """After an interrupt in `what`, a write of `length` bytes at `offset` to the active
-        segment: the file says whether they landed. True when all of them did; poisoned when
-        only part of them did (for a reopen to cut the torn line), or the file cannot tell."""
+    def landed(self, offset: int, data: bytes, what: str) -> bool:
+        """After an interrupt in `what`, a write of `data` at `offset` into the active segment:
+        its bytes say whether it landed (its size does not, as the segment is preallocated).
+        True when they read back whole; False when the range holds only zeros (or lies past
+        the end): nothing landed. Anything else, or a read that fails, poisons: part of it
+        landed, for a reopen to cut the torn line."""
         try:
-            size = self.fs.fstat_size(self.fd)
+            found = self.fs.pread(self.fd, len(data), offset)
         except OSError as exc:
             self.poison(exc)
             return False
-        if size not in (offset, offset + length):
-            self.poison_interrupted(f"{what} was interrupted after {size - offset} of {length} "
-                                    "bytes")
-        return size == offset + length
+        if found == data:
+            return True
+        if found.count(0) != len(found):
+            self.poison_interrupted(f"{what} was interrupted after part of its {len(data)} "
+                                    f"bytes at offset {offset} landed")
+        return False
 
     def check_lock(self) -> None:
         """With the lock held, before anything is written to the directory (a record, a seal,

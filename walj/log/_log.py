@@ -22,7 +22,7 @@ from ._opening import Replay, ReplayStart, check_options, prepare_directory, rec
 from ._rotation import Rotation
 from ._syncers import Syncer, start_syncer
 from .format import encode_record, frame_record, frame_records
-from .fs import DEFAULT_FS, FileSystem, write_all
+from .fs import DEFAULT_FS, FileSystem, pwrite_all
 from .lock import WriterLock, forget_open_directories
 from .quarantine import CutLine, Quarantined, cut_lines, read_manifest
 from .segment import Problem
@@ -52,8 +52,8 @@ class Log:
 
     Interrupt safety: an exception (KeyboardInterrupt, SystemExit) landing anywhere inside a
     call leaves the handle either usable, with exactly the records the file holds counted, or
-    poisoned. A write it interrupted is settled from the file's size; a rotation it interrupted
-    after the seal reached the file is finished by the next call.
+    poisoned. A write it interrupted is settled from the bytes at its offset; a rotation it
+    interrupted after the seal reached the file is finished by the next call.
     """
 
     def __init__(self, directory: str, fs: FileSystem, sync: str, segment_bytes: int,
@@ -62,7 +62,7 @@ class Log:
         self._commit = Commit(state)
         self._rotation = Rotation(state, max_record_bytes, segment_bytes)
         self._compaction = Compaction(state, self._rotation.ready)
-        self._os_write = fs.write
+        self._os_pwrite = fs.pwrite
         self._mode = sync
         self._always = sync == "always"
         self._batch = sync == "batch"
@@ -257,18 +257,24 @@ class Log:
             f"record is {len(data)} bytes; max_record_bytes is {self._max_record}")
 
     def _write(self, data: bytes, first_seq: int, count: int) -> None:
-        """With the lock held: one write of `count` framed records from `first_seq`, then
-        rotate or sync. The counters are set from values taken before the write, so setting
-        them twice is harmless, and an interrupt is settled from the file's size."""
+        """With the lock held: one write of `count` framed records from `first_seq` at the end
+        of the data (into the zeros written ahead; with the next chunk of zeros after it when
+        it would pass them), then rotate or sync. The counters are set from values taken
+        before the write, so setting them twice is harmless, and an interrupt is settled from
+        the bytes written."""
         st = self._state
         st.check_lock()
         offset, records = st.offset, st.records
+        end = offset + len(data)
         try:
-            written = self._os_write(st.fd, data)
-            if written != len(data):
-                write_all(st.fs, st.fd, data[written:])
+            if end > st.allocated:
+                self._rotation.extend(data, offset)
+            else:
+                written = self._os_pwrite(st.fd, data, offset)
+                if written != len(data):
+                    pwrite_all(st.fs, st.fd, data[written:], offset + written)
             st.digest_update(data)
-            st.offset = offset + len(data)
+            st.offset = end
             st.records = records + count
             st.next_seq = first_seq + count
         except OSError as exc:
@@ -276,19 +282,19 @@ class Log:
         except BaseException:
             self._settle_interrupted_write(offset, records, first_seq, data, count)
             raise
-        if st.offset >= self._segment_bytes:
+        if end >= self._segment_bytes:
             self._rotation.rotate()
         elif self._always:
             self._commit.sync_locked()
 
     def _settle_interrupted_write(self, offset: int, records: int, first_seq: int,
                                   data: bytes, count: int) -> None:
-        """An interrupt inside `_write`: the file says whether the bytes landed. All of them:
-        count them (unacknowledged, like a crash's), rehashing the segment from the file, since
-        the interrupt may have come before or after the running hash took them. None: nothing
-        changed. Part of them: poison, for a reopen to cut the torn line."""
+        """An interrupt inside `_write`: the bytes at `offset` say whether the write landed.
+        All of them: count them (unacknowledged, like a crash's), rehashing the segment from
+        the file, since the interrupt may have come before or after the running hash took
+        them. Zeros: nothing changed. Part of them: poison, for a reopen to cut the torn line."""
         st = self._state
-        if not st.landed(offset, len(data), "a write"):
+        if not st.landed(offset, data, "a write"):
             return
         try:
             digest = self._rotation.rehash(offset + len(data))
@@ -297,6 +303,7 @@ class Log:
             return
         st.digest, st.digest_update = digest, digest.update
         st.offset = offset + len(data)
+        st.allocated = max(st.allocated, st.offset)
         st.records = records + count
         st.next_seq = first_seq + count
 
@@ -332,7 +339,11 @@ class Log:
             syncer.join()  # returns at once inside the syncer (a finalizer may close there)
         if not self._state.forked:  # a forked child only lets go of the parent's descriptors
             with self._compaction.drop_lock:  # a drop under way ends before the release
+                # A closed log holds no preallocated space; a failed trim poisons.
+                trim_failure = self._rotation.trim_for_close()
                 self._commit.close(self._rotation.seal_for_close if seal else None)
+                if trim_failure is not None:
+                    self._commit.close_failure = trim_failure  # typed: DiskFullError too
                 self._state.release()
         self._state.release()  # idempotent
         self._forget_finalizers()

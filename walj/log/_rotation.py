@@ -1,6 +1,6 @@
 """Rotation: which segment is active, creating a segment (header under a temporary name,
-synced, renamed, directory synced), sealing the active one, and finishing a rotation an
-interrupt stopped."""
+synced, renamed, directory synced), growing it ahead of its data, sealing it, and finishing a
+rotation an interrupt stopped."""
 
 from __future__ import annotations
 
@@ -10,12 +10,19 @@ import os
 import time
 from typing import Any
 
+from ..errors import PoisonedError
 from . import format as fmt
 from ._durability import WriterState
-from .fs import write_all
+from .fs import pwrite_all, write_all
 from .segment import SegmentScan
 
 _REHASH_BYTES = 1 << 20
+# The active segment grows in chunks of zeros written ahead of its data, so that a sync after
+# a write into them flushes data alone, not also the file's new size (docs/FORMAT.md, *The end
+# of a segment's data*). A chunk is as large as the segment so far, from FIRST_CHUNK up to
+# MAX_CHUNK: an open log holds at most MAX_CHUNK of zeros, and a small one FIRST_CHUNK.
+FIRST_CHUNK = 16 << 10
+MAX_CHUNK = 1 << 20
 
 
 class Rotation:
@@ -41,7 +48,9 @@ class Rotation:
             st.records = last.records
             st.digest, st.digest_update = last.digest, last.digest.update
             st.offset = last.valid_end
-            st.fd = st.fs.open_append(last.path)
+            st.fd = st.fs.open_write(last.path)
+            # What lies past the data is zeros (a reader's end of data): space to write into.
+            st.allocated = max(st.offset, st.fs.fstat_size(st.fd))
             if last.header.max_record_bytes < self._max_record:
                 # Readers bound each line by its segment header's limit: a record the new,
                 # larger limit admits must go into a segment whose header says so.
@@ -67,11 +76,13 @@ class Rotation:
         header = fmt.Header(fmt.FORMAT_VERSION, st.log_id, index, first_seq, prev_seal,
                             self._max_record, time.time())
         line = fmt.frame(header.body())
+        # The first chunk of zeros goes with the header, covered by the sync the header needs.
+        allocated = max(len(line), min(FIRST_CHUNK, self._segment_bytes))
         with contextlib.suppress(FileNotFoundError):
             st.fs.unlink(tmp)
         fd = st.fs.create(tmp)
         try:
-            write_all(st.fs, fd, line)
+            write_all(st.fs, fd, line + bytes(allocated - len(line)))
             st.fs.sync(fd)
             st.fs.rename(tmp, final)
             st.fs.sync_dir(st.dir)
@@ -85,18 +96,56 @@ class Rotation:
         digest = hashlib.sha256(line)
         old = st.fd
         try:
-            self._switch(fd, index, len(line), digest)
+            self._switch(fd, index, len(line), allocated, digest)
         except BaseException:
-            self._switch(fd, index, len(line), digest)  # an interrupt: the switch completes
+            self._switch(fd, index, len(line), allocated, digest)  # an interrupt: it completes
             raise
         finally:
             if old >= 0 and old != fd:
                 st.fs.close(old)
 
-    def _switch(self, fd: int, index: int, offset: int, digest: Any) -> None:
+    def _switch(self, fd: int, index: int, offset: int, allocated: int, digest: Any) -> None:
         st = self._state
         st.fd, st.index, st.offset, st.records = fd, index, offset, 0
+        st.allocated = allocated
         st.digest, st.digest_update = digest, digest.update
+
+    def extend(self, data: bytes, offset: int) -> None:
+        """A write of `data` at `offset` that would pass the zeros written ahead: written with
+        the next chunk of zeros after it, in one write, which the write's sync covers. An
+        interrupt leaves the bytes it wrote, which the caller settles as any write's."""
+        st = self._state
+        end = offset + len(data)
+        start = st.allocated
+        step = min(MAX_CHUNK, max(FIRST_CHUNK, start))
+        target = max(end, min(start + step, self._segment_bytes))
+        pwrite_all(st.fs, st.fd, data + bytes(target - end), offset)
+        st.allocated = target
+
+    def trim(self) -> None:
+        """Cut the zeros ahead of the data off the active segment (before a seal, and on
+        close, so a closed log holds no preallocated space). Safe to repeat: the zeros are
+        forgotten only once the truncation returned, so an interrupt before it leaves them
+        to the next trim."""
+        st = self._state
+        if st.allocated != st.offset:
+            st.fs.truncate(st.fd, st.offset)
+            st.allocated = st.offset
+
+    def trim_for_close(self) -> PoisonedError | None:
+        """On close: trim the active segment of a healthy handle. A failure poisons, as any
+        failed write does, and is returned for close to raise: the file system's state is
+        unknown."""
+        st = self._state
+        with st.lock:
+            if st.fd >= 0 and not st.unusable:
+                try:
+                    self.trim()
+                except OSError as exc:
+                    failure = st.poison(exc)
+                    failure.__cause__ = exc
+                    return failure
+        return None
 
     def rehash(self, size: int) -> Any:
         """The SHA-256 of the active segment's first `size` bytes, read from the file."""
@@ -138,12 +187,15 @@ class Rotation:
         line = fmt.frame(seal.body())
         sealed = (st.index, last_seq, seal.sha256)
         try:
-            write_all(st.fs, st.fd, line)
+            self.trim()  # a sealed segment holds no zeros: the seal ends the file
+            pwrite_all(st.fs, st.fd, line, offset)
+            st.allocated = offset + len(line)
             st.sealed = sealed; st.unusable = True  # noqa: E702
         except OSError as exc:
             raise st.poison(exc) from exc
         except BaseException:
-            if st.landed(offset, len(line), "a seal"):
+            if st.landed(offset, line, "a seal"):
+                st.allocated = max(st.allocated, offset + len(line))
                 st.sealed = sealed; st.unusable = True  # noqa: E702
             raise
 

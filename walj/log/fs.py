@@ -12,7 +12,8 @@ from typing import Any
 from ..errors import CorruptionError
 
 __all__ = ["DEFAULT_FS", "DIR_MODE", "FILE_MODE", "FileSystem", "file_kind", "not_regular",
-           "open_regular", "read_regular", "refuse_hard_link", "syncfs_available", "write_all"]
+           "open_regular", "pwrite_all", "read_regular", "refuse_hard_link", "syncfs_available",
+           "write_all"]
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -153,9 +154,16 @@ class FileSystem:
         open_regular)."""
         return open_regular(path, os.O_WRONLY | os.O_APPEND)
 
+    def open_write(self, path: str) -> int:
+        """Open an existing regular file to write at chosen offsets (`pwrite`) and read back
+        what landed: without O_APPEND, under which Linux's pwrite ignores the offset. Refuses
+        anything else (see open_regular)."""
+        return open_regular(path, os.O_RDWR)
+
     def create(self, path: str) -> int:
-        """Create a new file (0600) for appending; fails if it exists or is a symlink."""
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
+        """Create a new file (0600) to write and read back: `write` goes on from where the last
+        ended, `pwrite` writes where it is told; fails if the file exists or is a symlink."""
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
         return os.open(path, flags, FILE_MODE)
 
     def open_read(self, path: str) -> int:
@@ -175,6 +183,10 @@ class FileSystem:
 
     def write(self, fd: int, data: bytes) -> int:
         return os.write(fd, data)
+
+    def pwrite(self, fd: int, data: bytes, offset: int) -> int:
+        """Write at `offset` (of a descriptor opened without O_APPEND), the position unmoved."""
+        return os.pwrite(fd, data, offset)
 
     def sync(self, fd: int) -> None:
         """Make a file's data durable: fdatasync, or F_FULLFSYNC on macOS."""
@@ -237,6 +249,16 @@ def write_all(fs: FileSystem, fd: int, data: bytes) -> None:
             raise OSError(errno.EIO, "write made no progress")
         data = data[written:]
         written = fs.write(fd, data)
+
+
+def pwrite_all(fs: FileSystem, fd: int, data: bytes, offset: int) -> None:
+    """Write every byte at `offset`; a short write goes on from where it stopped."""
+    written = fs.pwrite(fd, data, offset)
+    while written < len(data):
+        if written <= 0:
+            raise OSError(errno.EIO, "write made no progress")
+        data, offset = data[written:], offset + written
+        written = fs.pwrite(fd, data, offset)
 
 
 DEFAULT_FS = FileSystem()

@@ -58,6 +58,9 @@ class LineReader:
     buffer the lines lie in, the lines without their newlines); a line that spans chunks comes
     alone, as its own buffer. A line longer than `limit()` is never held whole: `oversize`
     gets its offset, and it is skipped to its newline. `on_chunk` sees every byte read.
+    The data ends at a line start that holds a zero byte when every byte from there to the
+    end of the file is zero: that is space preallocated ahead of the data, and the reading
+    stops there (docs/FORMAT.md, *The end of a segment's data*).
     Afterwards `pos` is where the last complete (or skipped) line ends and `held` holds the
     pieces of an incomplete last line, `held_bytes` long."""
 
@@ -96,7 +99,21 @@ class LineReader:
                 self.pos += len(chunk) - len(tail)
             del chunk, lines
             if tail:
+                if tail[0] == 0 and not self.held and self._zeros_to_end(tail):
+                    return
                 self._hold(tail)
+
+    def _zeros_to_end(self, tail: bytes) -> bool:
+        """Whether `tail`, which ends the bytes read so far, and the rest of the file are all
+        zeros (read with pread: the sequential reads are not moved)."""
+        if tail.count(0) != len(tail):
+            return False
+        at = self.pos + len(tail)
+        while rest := self.fs.pread(self.fd, self.chunk_bytes, at):
+            if rest.count(0) != len(rest):
+                return False
+            at += len(rest)
+        return True
 
     def _hold(self, piece: bytes) -> None:
         self.held.append(piece)

@@ -17,8 +17,9 @@ from .fs import DEFAULT_FS, FileSystem, read_regular, refuse_hard_link, write_al
 from .lines import CHUNK_BYTES, LineReader
 from .segment import TAIL_KINDS
 
-__all__ = ["MANIFEST_LIMIT", "CutLine", "Quarantined", "check_quarantine_dir", "cut_lines",
-           "cut_segment", "manifest_entries", "manifest_entry", "plain_name", "read_manifest"]
+__all__ = ["MANIFEST_LIMIT", "CutLine", "Quarantined", "check_quarantine_dir", "cut_length",
+           "cut_lines", "cut_segment", "manifest_entries", "manifest_entry", "plain_name",
+           "read_manifest"]
 
 # A manifest holds one short line per cut; more than this is not a manifest walj wrote.
 MANIFEST_LIMIT = 64 << 20
@@ -46,7 +47,8 @@ class Quarantined:
 def cut_segment(
     fs: FileSystem, directory: str, segment: str, offset: int, kind: str
 ) -> Quarantined:
-    """Move the bytes of `segment` from `offset` to its end into the quarantine folder.
+    """Move the bytes of `segment` from `offset` to its end into the quarantine folder; zeros
+    that end the file (space preallocated ahead of the data) are cut, not copied.
 
     Order matters for a crash in the middle: the copy and its manifest line are durable (file,
     then folder) before the segment is truncated, so the bytes exist in one place or both.
@@ -84,7 +86,7 @@ def cut_segment(
             suffix += 1
             name = f"{segment}.{offset}.{stamp}.{suffix}.bin"
         digest = hashlib.sha256()
-        end = fs.fstat_size(src)
+        end = _last_nonzero_end(fs, src, offset, fs.fstat_size(src))
         dst = fs.create(os.path.join(qdir, name))
         pos = offset
         while pos < end:
@@ -116,6 +118,29 @@ def cut_segment(
             if fd >= 0:
                 fs.close(fd)
     return entry
+
+
+def cut_length(fs: FileSystem, path: str, offset: int) -> int:
+    """How many bytes `cut_segment` would move into quarantine from `offset` on."""
+    fd = fs.open_read(path)
+    try:
+        return _last_nonzero_end(fs, fd, offset, fs.fstat_size(fd)) - offset
+    finally:
+        fs.close(fd)
+
+
+def _last_nonzero_end(fs: FileSystem, fd: int, offset: int, size: int) -> int:
+    """Just past the last non-zero byte of the file between `offset` and `size` (`offset`
+    when all are zeros), read backwards a chunk at a time."""
+    end = size
+    while end > offset:
+        start = max(offset, end - CHUNK_BYTES)
+        chunk = fs.pread(fd, end - start, start)
+        kept = len(chunk.rstrip(b"\0"))
+        if kept:
+            return start + kept
+        end = start
+    return offset
 
 
 def _ends_line(fs: FileSystem, path: str) -> bool:
