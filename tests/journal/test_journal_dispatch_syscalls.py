@@ -44,7 +44,7 @@ def _trace(tmp_path: Path, sync: str) -> tuple[list[tuple[str, str]], list[str],
     out, path, effects = tmp_path / "trace", tmp_path / "j", tmp_path / "effects"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     subprocess.run([STRACE, "-f", "-qq", "-s", "65536", "-o", str(out), "-e",
-                    "trace=openat,write,fdatasync,fsync", sys.executable, "-c", CHILD,
+                    "trace=openat,write,pwrite64,fdatasync,fsync", sys.executable, "-c", CHILD,
                     str(path), str(effects), sync], check=True, env=env)
     lines = [line for line in out.read_text().splitlines() if "resumed>" not in line]
     events, texts = [], []
