@@ -99,8 +99,14 @@ class LineReader:
                 self.pos += len(chunk) - len(tail)
             del chunk, lines
             if tail:
-                if tail[0] == 0 and not self.held and self._zeros_to_end(tail):
-                    return
+                if tail[0] == 0 and not self.held:
+                    if self._zeros_to_end(tail):
+                        return
+                    if self.fs.pread(self.fd, len(tail), self.pos) != tail:
+                        # A live writer wrote over these zeros since they were read: read
+                        # them again, rather than take stale zeros for a hole before data.
+                        self.fs.seek(self.fd, self.pos)
+                        continue
                 self._hold(tail)
 
     def _zeros_to_end(self, tail: bytes) -> bool:
