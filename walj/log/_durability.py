@@ -9,6 +9,7 @@ import errno
 import hashlib
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..errors import ClosedError, DiskFullError, PoisonedError, WaljError
@@ -94,6 +95,26 @@ class WriterState:
                                     f"bytes at offset {offset} landed")
         return False
 
+    def settle_interrupted_write(self, offset: int, records: int, first_seq: int, data: bytes,
+                                 count: int, rehash: Callable[[int], Any]) -> None:
+        """An interrupt inside a write of `count` records from `first_seq` at `offset`: the
+        bytes there say whether it landed. All of them: count them (unacknowledged, like a
+        crash's), rehashing the segment from the file with `rehash`, since the interrupt may
+        have come before or after the running hash took them. Zeros: nothing changed. Part of
+        them: poison, for a reopen to cut the torn line."""
+        if not self.landed(offset, data, "a write"):
+            return
+        try:
+            digest = rehash(offset + len(data))
+        except OSError as exc:
+            self.poison(exc)
+            return
+        self.digest, self.digest_update = digest, digest.update
+        self.offset = offset + len(data)
+        self.allocated = max(self.allocated, self.offset)
+        self.records = records + count
+        self.next_seq = first_seq + count
+
     def check_lock(self) -> None:
         """With the lock held, before anything is written to the directory (a record, a seal,
         a segment, a base marker): poison, having written nothing, when LOCK is no longer the
@@ -109,7 +130,7 @@ class WriterState:
 
     def _gone(self) -> str | None:
         try:
-            if self.fs.fstat(self.fd).st_nlink == 0:
+            if self.fs.link_count(self.fd) == 0:
                 return "the active segment was deleted under this writer"
         except OSError as exc:
             return f"the active segment cannot be checked: {exc}"

@@ -13,7 +13,7 @@ from typing import Any
 
 from .._batch import encode_dicts
 from .._codec import encode as _encode_value
-from ..errors import PoisonedError, RecordTooLargeError, SerializationError
+from ..errors import PoisonedError, RecordTooLargeError
 from ._commits import check_commit
 from ._compaction import Compaction
 from ._durability import WriterState, io_failure
@@ -21,7 +21,7 @@ from ._group import Commit
 from ._opening import Replay, ReplayStart, check_options, prepare_directory, recover
 from ._rotation import Rotation
 from ._syncers import Syncer, start_syncer
-from .format import encode_record, frame_record, frame_records
+from .format import check_encoded, encode_record, frame_record, frame_records
 from .fs import DEFAULT_FS, FileSystem, pwrite_all
 from .lock import WriterLock, forget_open_directories
 from .quarantine import CutLine, Quarantined, cut_lines, read_manifest
@@ -163,16 +163,7 @@ class Log:
         (plus a rotation's own). Only the framing's own needs are checked here: each one JSON
         object on one line, within max_record_bytes (SerializationError, RecordTooLargeError;
         nothing written)."""
-        for body in data:
-            if (type(body) is not bytes or body[:1] != b"{" or body[-1:] != b"}"
-                    or b"\n" in body):
-                raise SerializationError("append_encoded takes the bytes encode_record "
-                                         "returned, one record each")
-            if len(body) > self._max_record:
-                raise RecordTooLargeError(
-                    f"record is {len(body)} bytes; max_record_bytes is {self._max_record}")
-        if not data:
-            raise SerializationError("append_encoded needs at least one record")
+        check_encoded(data, self._max_record)
         return self._append_data(data[0] if len(data) == 1 else data, durable)
 
     def _append_data(self, data: bytes | tuple[bytes, ...], durable: bool) -> int:
@@ -280,32 +271,13 @@ class Log:
         except OSError as exc:
             raise st.poison(exc) from exc
         except BaseException:
-            self._settle_interrupted_write(offset, records, first_seq, data, count)
+            st.settle_interrupted_write(offset, records, first_seq, data, count,
+                                        self._rotation.rehash)
             raise
         if end >= self._segment_bytes:
             self._rotation.rotate()
         elif self._always:
             self._commit.sync_locked()
-
-    def _settle_interrupted_write(self, offset: int, records: int, first_seq: int,
-                                  data: bytes, count: int) -> None:
-        """An interrupt inside `_write`: the bytes at `offset` say whether the write landed.
-        All of them: count them (unacknowledged, like a crash's), rehashing the segment from
-        the file, since the interrupt may have come before or after the running hash took
-        them. Zeros: nothing changed. Part of them: poison, for a reopen to cut the torn line."""
-        st = self._state
-        if not st.landed(offset, data, "a write"):
-            return
-        try:
-            digest = self._rotation.rehash(offset + len(data))
-        except OSError as exc:
-            st.poison(exc)
-            return
-        st.digest, st.digest_update = digest, digest.update
-        st.offset = offset + len(data)
-        st.allocated = max(st.allocated, st.offset)
-        st.records = records + count
-        st.next_seq = first_seq + count
 
     def segments(self) -> list[tuple[str, int]]:
         """The log's segment files from its base on, oldest first, each with its first seq

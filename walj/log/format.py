@@ -15,14 +15,14 @@ from typing import Any
 
 from .. import _codec
 from .._codec import encode as _encode
-from ..errors import SerializationError, UnsupportedVersionError
+from ..errors import RecordTooLargeError, SerializationError, UnsupportedVersionError
 
 __all__ = ["BASE_NAME", "BASE_TAG", "BASE_TMP", "FORMAT_VERSION", "HEADER_LINE_LIMIT",
            "LINE_OVERHEAD", "LOCK_NAME", "MANIFEST", "MAX_RECORD_BYTES_LIMIT", "OWNER_NAME",
            "PURE_XXH64", "QUARANTINE_DIR", "SEAL_LINE_LIMIT", "SEGMENT_RE", "SEGMENT_TMP_SUFFIX",
-           "Header", "Seal", "checksum", "checksum_ok", "encode_record", "frame", "frame_record",
-           "frame_records",
-           "parse_data", "parse_header", "parse_seal", "segment_index", "segment_name"]
+           "Header", "Seal", "check_encoded", "checksum", "checksum_ok", "encode_record", "frame",
+           "frame_record", "frame_records", "parse_data", "parse_header", "parse_seal",
+           "segment_index", "segment_name"]
 
 xxh64_intdigest: Callable[[bytes | memoryview], int]
 
@@ -106,6 +106,22 @@ def frame_records(first_seq: int, datas: Sequence[bytes]) -> bytes:
     seqs = range(first_seq, first_seq + len(datas))
     bodies = list(map(_RECORD_BODY.__mod__, zip(seqs, datas, strict=True)))
     return b"".join(map(_LINE.__mod__, zip(map(xxh64_intdigest, bodies), bodies, strict=True)))
+
+
+def check_encoded(bodies: Sequence[bytes], max_record: int) -> None:
+    """Refuse, before anything is written, records said to be already encoded that are not
+    what `encode_record` returns: each one JSON object on one line (SerializationError), each
+    within `max_record` bytes (RecordTooLargeError). Only the framing's own needs are checked:
+    the caller encoded them."""
+    if not bodies:
+        raise SerializationError("append_encoded needs at least one record")
+    for body in bodies:
+        if type(body) is not bytes or body[:1] != b"{" or body[-1:] != b"}" or b"\n" in body:
+            raise SerializationError("append_encoded takes the bytes encode_record "
+                                     "returned, one record each")
+        if len(body) > max_record:
+            raise RecordTooLargeError(
+                f"record is {len(body)} bytes; max_record_bytes is {max_record}")
 
 
 def encode_record(record: Any) -> bytes:

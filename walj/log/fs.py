@@ -6,6 +6,7 @@ import errno
 import os
 import stat
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -117,25 +118,61 @@ def _platform_sync(fd: int) -> None:
         os.fsync(fd)
 
 
-_syncfs: list[Callable[[int], int] | None] = []  # loaded once, on first use
+_libc_functions: dict[str, Any] = {}  # loaded once each, on first use; None where missing
 
 
-def _libc_syncfs() -> Callable[[int], int] | None:
-    """syncfs(2) from the C library through ctypes (Python has no os.syncfs), or None."""
-    if not _syncfs:
+def _libc_function(name: str, argtypes: list[Any]) -> Any:
+    """A function of the C library through ctypes (Python has no os.syncfs, and os.fstat cannot
+    ask for less than every field), or None where it is missing."""
+    if name not in _libc_functions:
         import ctypes
         import ctypes.util
 
         function: Any = None
-        name = ctypes.util.find_library("c")
-        if name is not None:
+        library = ctypes.util.find_library("c")
+        if library is not None:
             try:
-                function = ctypes.CDLL(name, use_errno=True).syncfs
-                function.argtypes, function.restype = [ctypes.c_int], ctypes.c_int
+                function = getattr(ctypes.CDLL(library, use_errno=True), name)
+                function.argtypes, function.restype = argtypes, ctypes.c_int
             except (OSError, AttributeError):
                 function = None
-        _syncfs.append(function)
-    return _syncfs[0]
+        _libc_functions[name] = function
+    return _libc_functions[name]
+
+
+def _libc_syncfs() -> Callable[[int], int] | None:
+    import ctypes
+
+    function: Callable[[int], int] | None = _libc_function("syncfs", [ctypes.c_int])
+    return function
+
+
+_AT_EMPTY_PATH = 0x1000
+_STATX_NLINK = 0x4
+_STATX_NLINK_OFFSET = 16  # struct statx: u32 mask, u32 blksize, u64 attributes, u32 nlink
+_statx_buffers = threading.local()
+
+
+def _statx_link_count(fd: int) -> int | None:
+    """The link count of open file `fd` from statx(2), asking for nothing else; None where the
+    C library has no statx."""
+    import ctypes
+
+    function = _libc_function("statx", [ctypes.c_int, ctypes.c_char_p, ctypes.c_int,
+                                        ctypes.c_uint, ctypes.c_void_p])
+    if function is None:
+        return None
+    buffer = getattr(_statx_buffers, "buffer", None)
+    if buffer is None:
+        buffer = _statx_buffers.buffer = ctypes.create_string_buffer(256)
+    if function(fd, b"", _AT_EMPTY_PATH, _STATX_NLINK, buffer) != 0:
+        code = ctypes.get_errno()
+        if code == errno.ENOSYS:
+            return None
+        raise OSError(code, os.strerror(code))
+    count: int = int.from_bytes(buffer.raw[_STATX_NLINK_OFFSET:_STATX_NLINK_OFFSET + 4],
+                                sys.byteorder)
+    return count
 
 
 def syncfs_available() -> bool:
@@ -223,6 +260,19 @@ class FileSystem:
 
     def fstat(self, fd: int) -> os.stat_result:
         return os.fstat(fd)
+
+    def link_count(self, fd: int) -> int:
+        """How many names the open file `fd` has: 0 once it was deleted. On Linux it asks
+        statx(2) for the link count alone. A stat that reads the file's times (os.fstat) makes
+        Linux 6.13 and later (multigrain timestamps) give the file's next write a fine-grained
+        mtime, and on ext4 the fdatasync after that write then commits the inode through the
+        journal, which a sync after each append would pay every time (about 1.4x the sync's
+        time, measured)."""
+        if sys.platform.startswith("linux"):
+            count = _statx_link_count(fd)
+            if count is not None:
+                return count
+        return os.fstat(fd).st_nlink
 
     def stat(self, path: str) -> os.stat_result:
         """The status of `path` itself (a symlink is not followed)."""

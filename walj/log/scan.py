@@ -7,13 +7,12 @@ import stat
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from functools import partial
-from itertools import count
 
 from ..errors import CorruptionError, UnsupportedVersionError
 from . import format as fmt
 from ._base import Base, base_mismatch, find_start
 from .fs import DEFAULT_FS, FileSystem, file_kind, not_regular, refuse_hard_link
-from .segment import TAIL_KINDS, Problem, SegmentScan, bad_line_kind, read_ends
+from .segment import TAIL_KINDS, Problem, SegmentScan, bad_line_kind, one_by_one, read_ends
 
 __all__ = ["MODES", "LogScan", "TornTail", "check_for_writer", "corruption", "list_segments"]
 
@@ -150,12 +149,7 @@ class LogScan:
         raise corruption(problem)
 
     def __iter__(self) -> Generator[tuple[int, bytes], None, None]:
-        blocks = self.blocks()
-        try:
-            for first, datas in blocks:
-                yield from zip(count(first), datas)
-        finally:
-            blocks.close()  # here, where an interrupt propagates: it closes the file
+        return one_by_one(self.blocks())
 
     def blocks(self) -> Generator[tuple[int, list[bytes]], None, None]:
         """The records a run at a time: (the first one's seq, the data of each)."""

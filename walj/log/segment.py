@@ -40,6 +40,16 @@ TAIL_KINDS = frozenset(
     {"incomplete_line", "bad_checksum", "bad_line", "zero_fill", "oversize_line", "bad_header"}
 )
 
+def one_by_one(blocks: Generator[tuple[int, list[bytes]], None, None]
+               ) -> Generator[tuple[int, bytes], None, None]:
+    """The records of runs of records (the first one's seq, the data of each), one at a time."""
+    try:
+        for first, datas in blocks:
+            yield from zip(count(first), datas)
+    finally:
+        blocks.close()  # here, where an interrupt propagates: it closes the file
+
+
 class SegmentScan:
     """Iterate to read the segment; afterwards the attributes describe what was found.
 
@@ -107,12 +117,7 @@ class SegmentScan:
     def read_more(self) -> Generator[tuple[int, bytes], None, None]:
         """Yield the records from where the last read stopped to the end of the file as it is
         now: the whole segment at first, then what was appended since (see the class)."""
-        blocks = self.read_blocks()
-        try:
-            for first, datas in blocks:
-                yield from zip(count(first), datas)
-        finally:
-            blocks.close()  # here, where an interrupt propagates: it closes the file
+        return one_by_one(self.read_blocks())
 
     __iter__ = read_more
 
