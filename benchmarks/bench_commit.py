@@ -35,16 +35,18 @@ def service_missing(walj: ModuleType | None) -> str | None:
     return None
 
 
-DEFAULT_MODE = "files"  # the service's default as issue 25 specifies it
+DEFAULT_MODE = "inline"  # walj's default (docs/FORMAT.md, *Commits*)
 
 
 def default_mode(walj: ModuleType | None) -> str | None:
-    """The mode walj runs in when nobody chose one: the one its stats name, else
-    DEFAULT_MODE; None without a commit service."""
+    """The mode walj runs in when nobody chose one: set_commit_mode returns the mode it
+    replaces, so setting one and putting that back names it (DEFAULT_MODE when it names none
+    of COMMIT_MODES); None without a commit service."""
     if service_missing(walj) or walj is None:
         return None
-    mode = stats(walj).get("mode")
-    return mode if isinstance(mode, str) and mode in COMMIT_MODES else DEFAULT_MODE
+    current = walj.set_commit_mode("inline")
+    walj.set_commit_mode(current)
+    return current if isinstance(current, str) and current in COMMIT_MODES else DEFAULT_MODE
 
 
 def stats(walj: ModuleType | None) -> dict[str, Any]:

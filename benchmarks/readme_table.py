@@ -159,10 +159,12 @@ def sessions_table(doc: dict[str, Any], rows: Rows) -> list[str]:
     counts = sorted({int(r.rsplit(".", 1)[1]) for r in rows if r.startswith("sessions.async.raw.")})
     if not counts:
         return []
+    mode = run_default_mode(rows)
     lines = [
         "",
         "Many sessions in one process, each with its own journal: durable no-op dispatches/s "
-        "(two fsyncs each; the baselines' commits/s ÷ 2), and user CPU per dispatch:",
+        "(two fsyncs each; the baselines' commits/s ÷ 2), and user CPU per dispatch"
+        + (f" (walj in commit mode \"{mode}\", the run's default):" if mode else ":"),
         "",
         "| sessions | raw write+fdatasync, a thread per file (limit) | SQLite FULL, a database "
         "per session | SQLite FULL, one shared database | walj asyncio `adispatch` (× limit, "
@@ -202,6 +204,15 @@ def sessions_table(doc: dict[str, Any], rows: Rows) -> list[str]:
 COMMIT_MODES = ("default", "inline", "files", "syncfs")
 
 
+def run_default_mode(rows: Rows) -> str | None:
+    """The commit mode the run's default sessions rows were measured in: the run gives every
+    other mode rows of its own, so it is the one mode without them (None when that is not one)."""
+    named = {mode for mode in COMMIT_MODES[1:]
+             if any(key.startswith(f"sessions.threads.{mode}_mode.") for key in rows)}
+    unnamed = [mode for mode in COMMIT_MODES[1:] if mode not in named]
+    return unnamed[0] if len(unnamed) == 1 and named else None
+
+
 def service_table(rows: Rows, counts: list[int]) -> list[str]:
     """The commit service in each mode, a thread per session: dispatches/s (× the naive
     limit), its rounds/s and threads; nothing when the run saw no commit service."""
@@ -215,10 +226,13 @@ def service_table(rows: Rows, counts: list[int]) -> list[str]:
              and "commit_rounds_per_s" in row.get("extra", {})]
     if not found:
         return []
+    known = run_default_mode(rows)
+    default = f"{known} (the run's default)" if known else "default"
     lines = ["", "The process-wide commit service, a thread per session, in each commit mode:",
              "", "| sessions | mode | walj (× raw thread per file) | rounds/s | calls per round "
              "| service threads |", "|---|---|---|---|---|---|"]
     for mode, n, row in found:
+        mode = default if mode == "default" else mode
         extra = row["extra"]
         per_round = extra.get("calls_per_round")
         threads = extra.get("commit_threads")
