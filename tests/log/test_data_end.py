@@ -15,7 +15,7 @@ from spec_reader import SpecError, read_log
 
 import walj
 from walj.log import format as fmt
-from walj.log.fs import DEFAULT_FS
+from walj.log.fs import DEFAULT_FS, FileSystem
 from walj.log.segment import SegmentScan
 
 ZEROS = 20_000  # more than a sector, a small chunk and the line limit below
@@ -165,3 +165,46 @@ def test_repair_of_a_torn_line_followed_by_zeros_plans_and_cuts_only_the_torn_by
     (cut,) = run.json()["cuts"]
     assert cut["length"] == len(torn) and (path / cut["quarantine_file"]).read_bytes() == torn
     assert last.read_bytes() == data
+
+
+class _StaleFirstRead(FileSystem):
+    """Its first sequential read of a segment sees part of the last record as zeros, as a
+    reader beside a live writer may while the writer's bytes are being copied in; every later
+    read sees the file as it is."""
+
+    def __init__(self, zero_from: int, zero_to: int) -> None:
+        self.zero_from, self.zero_to, self.done = zero_from, zero_to, False
+        self.offsets: dict[int, int] = {}
+
+    def read(self, fd: int, size: int) -> bytes:
+        at = self.offsets.get(fd, 0)
+        chunk = super().read(fd, size)
+        self.offsets[fd] = at + len(chunk)
+        if not self.done and at <= self.zero_from and at + len(chunk) >= self.zero_to:
+            self.done = True
+            lo, hi = self.zero_from - at, self.zero_to - at
+            chunk = chunk[:lo] + b"\0" * (hi - lo) + chunk[hi:]
+        return chunk
+
+    def seek(self, fd: int, offset: int) -> None:
+        super().seek(fd, offset)
+        self.offsets[fd] = offset
+
+
+def test_a_record_read_while_its_bytes_were_still_zeros_is_read_again_not_damage(
+        tmp_path: Path) -> None:
+    """Regression: beside a live writer, the zeros ahead of the data can be read just before a
+    record is copied over them, in part; a second read of a chunk with zeros settles it."""
+    path = tmp_path / "log"
+    with walj.Log.open(path) as log:
+        for n in range(5):
+            log.append({"n": n, "pad": "x" * 40})
+        log.sync()
+        segment = segments(path)[-1]
+        data = segment.read_bytes()
+        last = data.rstrip(b"\0").rstrip(b"\n").rfind(b"\n") + 1  # the last record's line
+        fs = _StaleFirstRead(last + 20, last + 40)
+        scan = SegmentScan(fs, str(path), segment.name)
+        seqs = [seq for seq, _ in scan.read_more()]
+        assert fs.done
+        assert seqs == [1, 2, 3, 4, 5] and scan.problems == []

@@ -70,6 +70,7 @@ class LineReader:
         self.fs, self.fd, self.limit, self.oversize = fs, fd, limit, oversize
         self.chunk_bytes, self.on_chunk = chunk_bytes, on_chunk
         self.pos = offset
+        self.read_at = offset  # where the next sequential read starts
         # The start of a line whose newline has not been read yet, one piece per read: joined
         # once when the newline comes, so a long line costs linear time, not a copy per chunk.
         self.held: list[bytes] = []
@@ -81,6 +82,9 @@ class LineReader:
             self.fs.seek(self.fd, self.pos)
         # Sequential reads: a reader reads each byte of a file once, in order.
         while chunk := self.fs.read(self.fd, self.chunk_bytes):
+            self.read_at += len(chunk)
+            if b"\0" in chunk:
+                chunk = self._settled(chunk)
             if self.on_chunk is not None:
                 self.on_chunk(chunk)
             if self.held or self.skipping:
@@ -105,9 +109,27 @@ class LineReader:
                     if self.fs.pread(self.fd, len(tail), self.pos) != tail:
                         # A live writer wrote over these zeros since they were read: read
                         # them again, rather than take stale zeros for a hole before data.
+                        self.read_at = self.pos
                         self.fs.seek(self.fd, self.pos)
                         continue
                 self._hold(tail)
+
+    def _settled(self, chunk: bytes) -> bytes:
+        """A chunk holding a zero byte, read again until two reads agree. Beside a live writer,
+        zeros read ahead of the data may be written over while they are read (a record copied
+        in only in part), and a line never holds a zero byte: a stale zero would turn a good
+        record into damage. Bytes that are not zero are never written over, so only a chunk
+        with zeros is read twice (in practice, the one at the end of the data)."""
+        start = self.read_at - len(chunk)
+        for _ in range(3):
+            again = self.fs.pread(self.fd, len(chunk), start)
+            if again == chunk:
+                break
+            chunk = again
+        if self.read_at != start + len(chunk):  # the file was cut short meanwhile (a seal's trim)
+            self.read_at = start + len(chunk)
+            self.fs.seek(self.fd, self.read_at)
+        return chunk
 
     def _zeros_to_end(self, tail: bytes) -> bool:
         """Whether `tail`, which ends the bytes read so far, and the rest of the file are all
