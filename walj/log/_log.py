@@ -208,15 +208,8 @@ class Log:
             datas = [self._encode(record) for record in batch]
         if not datas:
             return []
-        st = self._state
-        with st.lock:
-            self._rotation.ready()
-            first = st.next_seq
-            self._write(frame_records(first, datas), first, len(datas))
-        last = first + len(datas) - 1
-        if last > st.durable_seq and (durable or self._batch):
-            self._commit.wait_durable(last)
-        return list(range(first, last + 1))
+        last = self._append_data(datas[0] if len(datas) == 1 else tuple(datas), durable)
+        return list(range(last - len(datas) + 1, last + 1))
 
     def sync(self) -> None:
         """Make every record appended so far durable, whatever the sync mode."""

@@ -121,29 +121,32 @@ def _platform_sync(fd: int) -> None:
 _libc_functions: dict[str, Any] = {}  # loaded once each, on first use; None where missing
 
 
-def _libc_function(name: str, argtypes: list[Any]) -> Any:
+def _libc_function(name: str, *argtypes: str) -> Any:
     """A function of the C library through ctypes (Python has no os.syncfs, and os.fstat cannot
-    ask for less than every field), or None where it is missing."""
-    if name not in _libc_functions:
-        import ctypes
-        import ctypes.util
+    ask for less than every field), or None where it is missing. `argtypes` name ctypes types;
+    the function is looked up once, so a call on a hot path only finds it in a dict."""
+    try:
+        return _libc_functions[name]
+    except KeyError:
+        pass
+    import ctypes
+    import ctypes.util
 
-        function: Any = None
-        library = ctypes.util.find_library("c")
-        if library is not None:
-            try:
-                function = getattr(ctypes.CDLL(library, use_errno=True), name)
-                function.argtypes, function.restype = argtypes, ctypes.c_int
-            except (OSError, AttributeError):
-                function = None
-        _libc_functions[name] = function
-    return _libc_functions[name]
+    function: Any = None
+    library = ctypes.util.find_library("c")
+    if library is not None:
+        try:
+            function = getattr(ctypes.CDLL(library, use_errno=True), name)
+            function.argtypes = [getattr(ctypes, kind) for kind in argtypes]
+            function.restype = ctypes.c_int
+        except (OSError, AttributeError):
+            function = None
+    _libc_functions[name] = function
+    return function
 
 
 def _libc_syncfs() -> Callable[[int], int] | None:
-    import ctypes
-
-    function: Callable[[int], int] | None = _libc_function("syncfs", [ctypes.c_int])
+    function: Callable[[int], int] | None = _libc_function("syncfs", "c_int")
     return function
 
 
@@ -156,12 +159,11 @@ _statx_buffers = threading.local()
 def _statx_link_count(fd: int) -> int | None:
     """The link count of open file `fd` from statx(2), asking for nothing else; None where the
     C library has no statx."""
-    import ctypes
-
-    function = _libc_function("statx", [ctypes.c_int, ctypes.c_char_p, ctypes.c_int,
-                                        ctypes.c_uint, ctypes.c_void_p])
+    function = _libc_function("statx", "c_int", "c_char_p", "c_int", "c_uint", "c_void_p")
     if function is None:
         return None
+    import ctypes
+
     buffer = getattr(_statx_buffers, "buffer", None)
     if buffer is None:
         buffer = _statx_buffers.buffer = ctypes.create_string_buffer(256)
