@@ -40,15 +40,19 @@ class ExportFile:
         self.form = form
         token = secrets.token_hex(4)
         self.temps = [f"{path}.tmp-{token}"]
+        self.finals = [path]
         if form == "csv":
             self.temps.append(f"{path}{MANIFEST_SUFFIX}.tmp-{token}")
+            self.finals.append(path + MANIFEST_SUFFIX)
         self.fd: int | None = None
         self.rows = 0
         self.digest = hashlib.sha256()
         self.pending = bytearray()
-        self.done = False
+        self.renamed = 0  # how many of the temporary files are in place
+
+    def open(self) -> None:
         self.fd = DEFAULT_FS.create(self.temps[0])
-        if form == "csv":
+        if self.form == "csv":
             self._write(csv_header())
 
     def _write(self, data: bytes) -> None:
@@ -75,8 +79,8 @@ class ExportFile:
             self.pending += line
         self._flush()
         DEFAULT_FS.sync(self.fd)
-        DEFAULT_FS.close(self.fd)
-        self.fd = None
+        fd, self.fd = self.fd, None
+        DEFAULT_FS.close(fd)
         if self.form == "csv":
             fd = DEFAULT_FS.create(self.temps[1])
             try:
@@ -84,23 +88,28 @@ class ExportFile:
                 DEFAULT_FS.sync(fd)
             finally:
                 DEFAULT_FS.close(fd)
-        DEFAULT_FS.rename(self.temps[0], self.path)
-        if self.form == "csv":
-            DEFAULT_FS.rename(self.temps[1], self.path + MANIFEST_SUFFIX)
-        self.done = True
+        self._rename_rest()
         DEFAULT_FS.sync_dir(os.path.dirname(os.path.abspath(self.path)))
 
+    def _rename_rest(self) -> None:
+        while self.renamed < len(self.temps):
+            DEFAULT_FS.rename(self.temps[self.renamed], self.finals[self.renamed])
+            self.renamed += 1
+
     def discard(self) -> None:
-        """After an error or an interrupt: remove the temporary files, leave FILE as it was."""
-        if self.fd is not None:
-            DEFAULT_FS.close(self.fd)
-            self.fd = None
-        if not self.done:
-            for temp in self.temps:
-                try:
-                    os.unlink(temp)
-                except FileNotFoundError:
-                    pass
+        """After an error or an interrupt: remove the temporary files and leave FILE as it was;
+        once the first rename was made, make the rest (a CSV and its manifest go together)."""
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            DEFAULT_FS.close(fd)
+        if self.renamed:
+            self._rename_rest()
+            return
+        for temp in self.temps:
+            try:
+                os.unlink(temp)
+            except FileNotFoundError:
+                pass
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
@@ -122,6 +131,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     _check_output(args.output, found)
     export = ExportFile(args.output, args.format)
     try:
+        export.open()
         entries = []
         for source in found:
             read = read_session(source)
