@@ -150,12 +150,19 @@ def test_verify_names_each_edited_missing_added_and_moved_row(
     def digest_only(rows: list[bytes], manifest: bytes) -> tuple[list[bytes], bytes]:
         return rows, manifest.replace(b'"rows_sha256":"', b'"rows_sha256":"0')
 
+    def mangled_manifest(rows: list[bytes], manifest: bytes) -> tuple[list[bytes], bytes]:
+        fixed = json.loads(manifest)
+        fixed["manifest"]["sessions"][0].update(segments=5, last_seq="x", problems={"a": 1})
+        return rows, json.dumps(fixed).encode() + b"\n"
+
     expected = {"edited": (edit_outcome, {"row_edited", "rows_digest"}, 3),
                 "dropped": (drop, {"row_missing"}, None),
                 "swapped": (swap, {"row_moved", "rows_digest"}, 1),
                 "duplicated": (duplicate, {"row_added", "rows_digest", "rows_count"},
                                None),
-                "digest": (digest_only, {"rows_digest"}, None)}
+                "digest": (digest_only, {"rows_digest"}, None),
+                # Fields of the wrong type: the session is read through seq 0, so no row.
+                "mangled": (mangled_manifest, {"row_added"}, None)}
     for name, (edit, kinds, line) in expected.items():
         report = findings(capsys, _tampered(export, tmp_path, name, edit), root)
         assert not report["ok"] and set(report["counts"]) == kinds, (name, report)

@@ -200,6 +200,11 @@ def _check_session(entry: dict[str, Any], source: Source, filters: dict[str, Any
     return derived
 
 
+def listed(value: Any) -> list[dict[str, Any]]:
+    """The objects of a manifest's list (an edited manifest may hold anything there)."""
+    return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
+
+
 def _check_segments(entry: dict[str, Any], source: Source, now: dict[str, dict[str, Any]],
                     findings: Findings) -> None:
     """Each exported segment as it is now: a sealed one with the same seal, the one that was
@@ -207,8 +212,8 @@ def _check_segments(entry: dict[str, Any], source: Source, now: dict[str, dict[s
     name = source.name
     head = entry.get("chain_head")
     head_name = head.get("segment") if isinstance(head, dict) else None
-    for segment in entry.get("segments") or []:
-        seg_name = segment.get("segment") if isinstance(segment, dict) else None
+    for segment in listed(entry.get("segments")):
+        seg_name = segment.get("segment")
         current = now.get(seg_name) if isinstance(seg_name, str) else None
         if current is None or not isinstance(seg_name, str):
             findings.add("segment_missing", f"{seg_name} was exported and is not in the log",
@@ -223,7 +228,7 @@ def _check_segments(entry: dict[str, Any], source: Source, now: dict[str, dict[s
                              f"sha256 {current['sha256']}", name)
         elif type(segment.get("bytes")) is int and segment.get("sha256") is not None:
             if prefix_sha256(source, seg_name, segment["bytes"]) != segment["sha256"]:
-                findings.add("unsealed_differs", f"{seg_name}: its first {segment['bytes']:,} "
+                findings.add("unsealed_differs", f"{seg_name}: its first {segment['bytes']} "
                              "bytes (what the export read of the active segment) changed",
                              name)
 
@@ -232,9 +237,9 @@ def _check_problems(entry: dict[str, Any], problems: list[dict[str, Any]], findi
                     name: str) -> None:
     """Damage in what the export covered that the export did not record: a sealed segment
     edited since (its seal no longer matches), or the unsealed part rewritten."""
-    covered = {s.get("segment"): s for s in entry.get("segments") or [] if isinstance(s, dict)}
+    covered = {s.get("segment"): s for s in listed(entry.get("segments"))}
     known = {(p.get("file"), p.get("offset"), p.get("kind"))
-             for p in entry.get("problems") or [] if isinstance(p, dict)}
+             for p in listed(entry.get("problems"))}
     listed_all = entry.get("problem_count") == len(known)
     for problem in problems:
         segment = covered.get(problem["file"])
