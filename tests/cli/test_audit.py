@@ -271,6 +271,7 @@ def test_usage_errors_are_one_line(root: Path, tmp_path: Path,
     assert_one_line_error(audit(root, "-o", root / "clean" / "x.jsonl"), 2,
                           "inside the session directory")
     out.write_text('{"not": "an export"}\n')
+    assert_one_line_error(audit(out, "-o", tmp_path / "y.jsonl"), 2, "is a file")
     assert_one_line_error(audit("--verify", out, root), 2, "no walj audit export")
     assert_one_line_error(audit("--verify", out, root, "-o", out), 2, "--verify")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x.jsonl"]

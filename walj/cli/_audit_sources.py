@@ -52,6 +52,9 @@ def sources(target: str, archive: str | None) -> list[Source]:
         if archive is not None:
             raise CliError("--archive goes with a local ROOT or PATH; a URL is read alone")
         return _archived(target)
+    if os.path.lexists(target) and not os.path.isdir(target):
+        raise CliError(f"{target} is a file; audit takes a directory holding session logs, or "
+                       "one session's directory")
     logs, unreadable = find_logs(target)
     found = [_local(path, target, archive) for path in logs]
     found += [Source(relative(e["path"], target), e["path"], DEFAULT_FS, "local",
