@@ -99,6 +99,7 @@ __all__ = [
 # --- the journal ---
 
 from .errors import (  # noqa: E402
+    ApprovalError,
     ResolutionError,
     SessionEndedError,
     ToolBlocked,
@@ -108,6 +109,7 @@ from .errors import (  # noqa: E402
     UnknownToolError,
 )
 from .journal import (  # noqa: E402
+    Approval,
     Blocker,
     CompactReport,
     Cut,
@@ -122,6 +124,8 @@ from .journal import (  # noqa: E402
     ToolJournal,
     ToolObserver,
     ToolResult,
+    approve_session,
+    deny_session,
     handle_function_calls,
     request_release,
     resolve_session,
@@ -129,6 +133,8 @@ from .journal import (  # noqa: E402
 )
 
 __all__ += [
+    "Approval",
+    "ApprovalError",
     "Blocker",
     "CompactReport",
     "Cut",
@@ -150,6 +156,8 @@ __all__ += [
     "ToolResult",
     "TurnError",
     "UnknownToolError",
+    "approve_session",
+    "deny_session",
     "handle_function_calls",
     "request_release",
     "resolve_session",

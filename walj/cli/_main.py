@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import WaljError
+from ._audit_args import add_audit_parser
 from ._common import (
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -214,6 +215,8 @@ def build_parser(prog: str = "walj") -> argparse.ArgumentParser:
                    help="worker processes for the checks (default: CPU count, at most 8)")
     _flags(p, ("--all", "list young and active sessions too"), _JSON)
 
+    add_audit_parser(sub)
+
     p = sub.add_parser("demo", help="crash an agent mid-tool, then inspect, resolve, resume")
     p.add_argument("dir", metavar="DIR", nargs="?", help="where to leave it (default: new "
                    "temporary directory)")
@@ -226,7 +229,7 @@ _COMMANDS = {"verify": ("_logcmds", "cmd_verify"), "stats": ("_logcmds", "cmd_st
              "inspect": ("_inspect", "cmd_inspect"), "timeline": ("_timeline", "cmd_timeline"),
              "sweep": ("_sweep", "cmd_sweep"), "archive": ("_archive", "cmd_archive"),
              "prune": ("_prune", "cmd_prune"), "resolve": ("_write", "cmd_resolve"),
-             "repair": ("_write", "cmd_repair")}
+             "repair": ("_write", "cmd_repair"), "audit": ("_audit", "cmd_audit")}
 
 
 def _command(name: str) -> Callable[[argparse.Namespace], int]:
