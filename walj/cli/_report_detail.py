@@ -88,14 +88,18 @@ def session_detail(path: str, archive: str | None = None) -> dict[str, Any]:
 def _detail(path: str, directory: str, fs: FileSystem, source: str) -> dict[str, Any]:
     log_scan = LogScan(directory, mode="salvage", fs=fs)
     builder = Builder(JournalState())
-    previews: dict[str, Any] = {}
+    previews: dict[str, Any] = {}  # execution id: its arguments' preview
+    outputs: dict[str, Any] = {}  # execution id: its output's preview
 
     def also(seq: int, data: Any) -> None:
         builder(seq, data)
-        if isinstance(data, dict) and data.get("kind") == "tool_execution_started":
+        kind = data.get("kind") if isinstance(data, dict) else None
+        if kind in ("tool_execution_started", "tool_execution_finished"):
             eid = subject_of(data)
-            if isinstance(eid, str):
+            if isinstance(eid, str) and kind == "tool_execution_started":
                 previews[eid] = data.get("arguments_preview")
+            elif isinstance(eid, str):
+                outputs[eid] = data.get("output_preview")
 
     records = iter(log_scan)
     done = rebuild(records, also, builder.state)
@@ -131,6 +135,7 @@ def _detail(path: str, directory: str, fs: FileSystem, source: str) -> dict[str,
     for turn in turns:
         for execution in turn["executions"]:
             execution["arguments_preview"] = opt_str(previews.get(execution["execution_id"]))
+            execution["output_preview"] = opt_str(outputs.get(execution["execution_id"]))
     detail.update(
         blocked=rec.blocked, blocker_count=len(rec.blockers),
         blockers=[{**blocker_json(b, now), "command": resolve_command(command_path, b)}

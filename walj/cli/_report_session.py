@@ -131,7 +131,8 @@ def _timeline(detail: dict[str, Any]) -> str:
         more = (f'<p class="note">and {number(turn["item_count"] - len(rows))} more calls (the '
                 f"first {ITEMS_PER_TURN} are shown): <code>walj timeline</code></p>"
                 if turn["item_count"] > len(rows) else "")
-        body = table(("Seq", "Tool", "Call", "Outcome", "Duration", "Arguments", "Detail"),
+        body = table(("Seq", "Tool", "Call", "Outcome", "Duration", "Arguments",
+                      "Output, error or resolution"),
                      rows, "calls", numeric=(0,)) if rows else ""
         parts.append(f"<details open><summary>{summary}</summary>{body}{more}</details>")
     if detail["turn_count"] > len(turns):
@@ -156,6 +157,8 @@ def _item_row(item: dict[str, Any]) -> tuple[str, ...]:
             said = esc(item["error"], LONG)
         elif item["error_type"]:
             said = f"interrupted by {esc(item['error_type'])}"
+        elif item.get("output_preview") is not None:
+            said = f'<span class="mono">{esc(item["output_preview"], LONG)}</span>'
         else:
             said = ""
         return (number(item["seq"]), esc(item["tool"]), f"<code>{esc(item['call_id'])}</code>",
