@@ -46,8 +46,7 @@ def cmd_report(args: argparse.Namespace) -> int:
                f"{plural(len(entries), 'session')}: " + ", ".join(
                    f"{counts[s]} {s}" for s in STATUSES if counts[s] or s in FINE)]
     bounds = (f"Blocked sessions first, then damaged ones, then the others, most recent activity "
-              f"first. The first {plural(len(chosen), 'session')} in this order "
-              f"{'is' if len(chosen) == 1 else 'are'} shown in full below (at most "
+              f"first. Shown in full below: the first {len(chosen)} in this order (at most "
               f"{args.detail}: --detail); every session has its row here. "
               "<code>walj inspect PATH</code> and <code>walj timeline PATH</code> show any "
               "session whole.")
