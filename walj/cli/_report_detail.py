@@ -12,7 +12,7 @@ from ..errors import WaljError
 from ..log.ends import read_ends
 from ..log.fs import DEFAULT_FS, FileSystem
 from ..log.scan import LogScan
-from ._common import opt_str, problem_json, torn_json
+from ._common import last_writer, opt_str, problem_json, torn_json
 from ._inspect import resolution_json, resolve_command
 from ._model import JournalState, blocker_json, note_unrecorded, rebuild, subject_of
 from ._sweep import check_archived, check_log
@@ -131,6 +131,8 @@ def _detail(path: str, directory: str, fs: FileSystem, source: str) -> dict[str,
         return detail
     now = time.time()
     command_path = ARCHIVED_SESSION if is_url(path) else path
+    # Whether a blocker may be a call in flight: as `walj inspect` tells it (LOCK.owner).
+    writer = last_writer(path) if rec.blockers and not is_url(path) else None
     turns = turns_json(builder, rec, TURNS)
     for turn in turns:
         for execution in turn["executions"]:
@@ -138,7 +140,8 @@ def _detail(path: str, directory: str, fs: FileSystem, source: str) -> dict[str,
             execution["output_preview"] = opt_str(outputs.get(execution["execution_id"]))
     detail.update(
         blocked=rec.blocked, blocker_count=len(rec.blockers),
-        blockers=[{**blocker_json(b, now), "command": resolve_command(command_path, b)}
+        writer=writer,
+        blockers=[{**blocker_json(b, now, writer), "command": resolve_command(command_path, b)}
                   for b in rec.blockers[:BLOCKERS]],
         resolution_count=len(rec.resolved),
         resolutions=[resolution_json(r) for r in rec.resolved[-RESOLUTIONS:]],

@@ -70,6 +70,7 @@ def _blockers(detail: dict[str, Any]) -> str:
         parts.append(
             f'<div class="blocker"><p>{what}, started {esc(clock(b["started_at"]))} UTC '
             f"({esc(duration(b['age_seconds']))} ago)</p>"
+            + _in_flight(b, detail.get("writer"))
             + _blocker_facts(b)
             + f'<pre class="command">{esc(b["command"], 8192)}</pre></div>')
     if detail["blocker_count"] > len(blockers):
@@ -77,6 +78,14 @@ def _blockers(detail: dict[str, Any]) -> str:
                      f"more (the first {BLOCKERS} are shown): <code>walj inspect</code> lists "
                      "them all</p>")
     return "".join(parts)
+
+
+def _in_flight(blocker: dict[str, Any], writer: dict[str, Any] | None) -> str:
+    if not blocker.get("in_flight") or writer is None:
+        return ""
+    return (f"<p><strong>It may be in flight, not interrupted:</strong> the process that "
+            f"started it (pid {esc(writer.get('pid'))}, since {esc(writer.get('since'))}) still "
+            "holds the log.</p>")
 
 
 def _state(blocker: dict[str, Any]) -> str:
