@@ -5,10 +5,12 @@ every string from a log escaped; bounded in size for many sessions."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -194,3 +196,32 @@ def test_report_over_an_archive_and_an_archive_with_its_local_tail(
     text = "".join(read_page(out)[1].text)
     assert "archive + local" in text and "Seal chain: verified" in text
     assert main(["report", archive.url, "--archive", archive.url, "-o", str(out)]) == 2
+
+
+def test_report_shows_approvals_pending_first_with_who_decided(tmp_path: Path) -> None:
+    """A pending request blocks nothing (exit 0); each request shows what came of it: pending,
+    denied (by whom, why), consumed by the run it allowed, approved with its expiry."""
+    path = tmp_path / "root" / "approvals"
+    tools = {"send": walj.Tool(lambda to: f"sent to {to}", approval=True)}
+    with walj.ToolJournal.open(path, tools=tools, sync="never") as journal:
+        def ask(call_id: str, to: str) -> walj.ToolResult:
+            with journal.turn() as turn:
+                return turn.dispatch("send", {"to": to}, call_id=call_id)
+
+        ids = {call: ask(call, f"{call}@example.com").approval_id for call in "abcd"}
+        journal.approve(ids["a"], actor="ann", note="checked the address")
+        assert ask("a", "a@example.com").outcome == "ok"
+        journal.deny(ids["b"], actor="bob", note="<b>not this one</b>")
+        journal.approve(ids["c"], actor="ann", expires_at=time.time() + 3600)
+    out = tmp_path / "report.html"
+    run = walj_cli("report", path.parent, "-o", out)
+    assert run.code == 0, run.err  # nothing blocks: pending and decided requests alike
+    _, page = read_page(out)
+    text = "".join(page.text)
+    assert "Approvals (4, 1 pending)" in text
+    rows = text.split("Approvals (4, 1 pending)")[1]
+    assert rows.index(str(ids["d"])) < min(rows.index(str(ids[c])) for c in "abc")
+    for call, status in (("a", "consumed"), ("b", "denied"), ("c", "approved"), ("d", "pending")):
+        row = rf'{ids[call]}send{call}\{{"to":"{call}@example.com"\}}[0-9: -]+{status}'
+        assert re.search(row, rows), call
+    assert "bob: <b>not this one</b>" in text and "ann: checked the address" in text

@@ -15,6 +15,7 @@ from ..log.scan import LogScan
 from ._common import last_writer, opt_str, problem_json, torn_json
 from ._inspect import resolution_json, resolve_command
 from ._model import JournalState, blocker_json, note_unrecorded, rebuild, subject_of
+from ._report_approvals import ApprovalRecords
 from ._sweep import check_archived, check_log
 from ._timeline import Builder, turns_json
 
@@ -91,8 +92,11 @@ def _detail(path: str, directory: str, fs: FileSystem, source: str) -> dict[str,
     previews: dict[str, Any] = {}  # execution id: its arguments' preview
     outputs: dict[str, Any] = {}  # execution id: its output's preview
 
+    approvals = ApprovalRecords()
+
     def also(seq: int, data: Any) -> None:
         builder(seq, data)
+        approvals(seq, data)
         kind = data.get("kind") if isinstance(data, dict) else None
         if kind in ("tool_execution_started", "tool_execution_finished"):
             eid = subject_of(data)
@@ -116,7 +120,8 @@ def _detail(path: str, directory: str, fs: FileSystem, source: str) -> dict[str,
         "torn_tail": torn_json(log_scan.torn_tail),
         "verification": verification(directory, fs, log_scan),
         "journal": None, "blocked": False, "blockers": [], "blocker_count": 0,
-        "resolutions": [], "resolution_count": 0, "turns": [], "turn_count": 0}
+        "resolutions": [], "resolution_count": 0, "turns": [], "turn_count": 0,
+        "approvals": [], "approval_count": 0, "pending_approvals": 0}
     if done.plain:
         detail["journal"] = "a plain walj log, not a tool journal: no turns or calls"
         return detail
@@ -134,13 +139,15 @@ def _detail(path: str, directory: str, fs: FileSystem, source: str) -> dict[str,
     # Whether a blocker may be a call in flight: as `walj inspect` tells it (LOCK.owner).
     writer = last_writer(path) if rec.blockers and not is_url(path) else None
     turns = turns_json(builder, rec, TURNS)
+    shown, count = approvals.rows(rec, now)
     for turn in turns:
         for execution in turn["executions"]:
             execution["arguments_preview"] = opt_str(previews.get(execution["execution_id"]))
             execution["output_preview"] = opt_str(outputs.get(execution["execution_id"]))
     detail.update(
         blocked=rec.blocked, blocker_count=len(rec.blockers),
-        writer=writer,
+        writer=writer, approvals=shown, approval_count=count,
+        pending_approvals=len(getattr(rec, "approvals", ())),
         blockers=[{**blocker_json(b, now, writer), "command": resolve_command(command_path, b)}
                   for b in rec.blockers[:BLOCKERS]],
         resolution_count=len(rec.resolved),

@@ -10,9 +10,10 @@ from ._common import clock, duration, plural
 from ._report_detail import BLOCKERS, ITEMS_PER_TURN, RESOLUTIONS, SEGMENTS, TURNS
 from ._report_html import LONG, PATH, esc, number, status_badge, table
 
-_FINE = frozenset({"ok", "succeeded", "resolved succeeded", "completed", "resolved"})
+_FINE = frozenset({"ok", "succeeded", "resolved succeeded", "completed", "resolved", "approved",
+                   "consumed"})
 _BAD = frozenset({"ambiguous", "started", "blocked", "refused", "error", "cancelled", "denied",
-                  "approval_expired", "incomplete"})
+                  "approval_expired", "incomplete", "expired"})
 
 
 def section(anchor: str, entry: dict[str, Any], detail: dict[str, Any], label: str,
@@ -28,7 +29,7 @@ def section(anchor: str, entry: dict[str, Any], detail: dict[str, Any], label: s
     parts = [head, _facts(entry, detail, now)]
     if detail["journal"] is not None:
         parts.append(f"<p><strong>Journal:</strong> {esc(detail['journal'], LONG)}</p>")
-    parts += [_blockers(detail), _timeline(detail), _resolutions(detail),
+    parts += [_blockers(detail), _approvals(detail), _timeline(detail), _resolutions(detail),
               _verification(detail), "</section>"]
     return "".join(parts)
 
@@ -109,6 +110,26 @@ def _blocker_facts(b: dict[str, Any]) -> str:
     if not facts:
         return ""
     return "<dl>" + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in facts) + "</dl>"
+
+
+def _approvals(detail: dict[str, Any]) -> str:
+    """Approval requests: the pending ones (a call waiting for a person, which blocks
+    nothing) first, then the latest others, with who decided each and why."""
+    rows = [(f"<code>{esc(a['approval_id'])}</code>", esc(a["tool"]),
+             f"<code>{esc(a['call_id'])}</code>",
+             f'<span class="mono">{esc(a["arguments_preview"], LONG)}</span>',
+             esc(clock(a["requested_at"])), _outcome(a["status"]),
+             esc(a["actor"]) + (f": {esc(a['note'], LONG)}" if a["note"] else ""),
+             esc(clock(a["expires_at"])) if a["expires_at"] is not None else "-")
+            for a in detail["approvals"]]
+    if not rows:
+        return ""
+    count, pending = detail["approval_count"], detail["pending_approvals"]
+    title = (f"{number(count)}, {number(pending)} pending" + (
+        f"; the {len(rows)} shown: pending first, then the latest" if count > len(rows) else ""))
+    return (f"<h3>Approvals ({title})</h3>"
+            + table(("Approval", "Tool", "Call", "Arguments", "Requested (UTC)", "Status",
+                     "Decided by", "Expires (UTC)"), rows, "approvals"))
 
 
 def _outcome(text: Any) -> str:
