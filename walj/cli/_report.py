@@ -32,8 +32,13 @@ def cmd_report(args: argparse.Namespace) -> int:
     entries = _checked(source, args.archive, jobs)
     entries.sort(key=order_key)
     chosen = entries[:args.detail]
-    details = _run(functools.partial(session_detail, archive=args.archive),
-                   [e["path"] for e in chosen], jobs, threads=_remote(source, args.archive))
+    # An unreadable one is never read again: it may be a symbolic link, which is not followed.
+    readable = [e["path"] for e in chosen if e["status"] != "unreadable"]
+    read = dict(zip(readable, _run(functools.partial(session_detail, archive=args.archive),
+                                   readable, jobs, threads=_remote(source, args.archive)),
+                    strict=True))
+    details = [read.get(e["path"]) or {"path": e["path"], "error": e["detail"] or "unreadable"}
+               for e in chosen]
     now = time.time()
     anchors = {entry["path"]: f"s{i + 1}" for i, entry in enumerate(chosen)}
 
@@ -55,7 +60,7 @@ def cmd_report(args: argparse.Namespace) -> int:
                      [section(anchors[e["path"]], e, d, label(e["path"]), now)
                       for e, d in zip(chosen, details, strict=True)], bounds)
     size = _write(output, html_page)
-    failed = any("error" in d for d in details)
+    failed = any("error" in d for d in read.values())
     write_lines([f"{output}: {plural(len(entries), 'session')} "
                  f"({', '.join(f'{counts[s]} {s}' for s in STATUSES if counts[s])}), "
                  f"{len(chosen)} in full, {size:,} bytes"])
