@@ -54,15 +54,18 @@ def test_report_of_a_root_lists_blocked_first_with_inspects_resolve_commands(
         tmp_path: Path) -> None:
     root = tmp_path / "root"
     eid = blocked_root(root)["eid"]
+    (root / "link").symlink_to(root / "clean")  # listed, never followed, as by `sweep`
     before = snapshot(root)
     out = tmp_path / "report.html"
     run = walj_cli("report", root, "-o", out)
     assert run.code == 1, run.err  # blocked and corrupt sessions: problems, as `sweep`
-    assert run.out.startswith(f"{out}: 4 sessions") and "4 in full" in run.out
+    assert run.out.startswith(f"{out}: 5 sessions") and "5 in full" in run.out
     assert snapshot(root) == before  # nothing written, no lock taken, no request left
     raw, page = read_page(out)
-    assert [row[0] for row in page.rows] == ["blocked", "blocked", "corrupt", "active"]
-    assert [status for _, status in page.sections] == ["blocked", "blocked", "corrupt", "active"]
+    statuses = ["blocked", "blocked", "corrupt", "unreadable", "active"]
+    assert [row[0] for row in page.rows] == statuses
+    assert [status for _, status in page.sections] == statuses
+    assert "symlink to" in page.rows[3][-1] and page.rows[3][1] == "link"
     assert {row[1] for row in page.rows[:2]} == {"blocked", "turn"}
     # Each blocker's command is the one function's, the one `walj inspect` prints.
     by_name = {row[1]: section for row, (section, _) in zip(page.rows, page.sections,
@@ -77,6 +80,7 @@ def test_report_of_a_root_lists_blocked_first_with_inspects_resolve_commands(
     text = "".join(page.text)
     assert "bad_checksum" in text and "BROKEN" not in text.split("corrupt")[0]
     assert text.count("Seal chain: verified") == 4  # a flipped byte breaks a line, not a seal
+    assert "cannot be read: refused: symlink to" in text  # its section read nothing
     assert "RuntimeError: quota exceeded" in text and '{"order_id":"A-1"}' in text
     assert "http" not in raw.replace("http-equiv", "")  # nothing fetched: no URL at all
     # Only the clean one: exit 0.
