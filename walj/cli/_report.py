@@ -49,7 +49,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     summary = [f"{esc(source, PATH)}" + (f" with its archive {esc(args.archive, PATH)}"
                                           if args.archive else ""),
                f"{plural(len(entries), 'session')}: " + ", ".join(
-                   f"{counts[s]} {s}" for s in STATUSES if counts[s] or s in FINE)]
+                   f"{counts[s]:,} {s}" for s in STATUSES if counts[s] or s in FINE)]
     bounds = (f"Blocked sessions first, then damaged ones, then the others, most recent activity "
               f"first. Shown in full below: the first {len(chosen)} in this order (at most "
               f"{args.detail}: --detail); every session has its row here. "
@@ -62,7 +62,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     size = _write(output, html_page)
     failed = any("error" in d for d in read.values())
     write_lines([f"{output}: {plural(len(entries), 'session')} "
-                 f"({', '.join(f'{counts[s]} {s}' for s in STATUSES if counts[s])}), "
+                 f"({', '.join(f'{counts[s]:,} {s}' for s in STATUSES if counts[s])}), "
                  f"{len(chosen)} in full, {size:,} bytes"])
     fine = all(e["status"] in FINE for e in entries)
     return EXIT_OK if fine and not failed else EXIT_PROBLEMS

@@ -86,27 +86,35 @@ def session_detail(path: str, archive: str | None = None) -> dict[str, Any]:
         return {"path": path, "error": " ".join(str(exc).split()) or type(exc).__name__}
 
 
+class _Reader:
+    """Takes each decoded record after the journal's state did: the timeline's builder, the
+    approval requests, and each execution's arguments and output previews."""
+
+    def __init__(self) -> None:
+        self.builder = Builder(JournalState())
+        self.approvals = ApprovalRecords()
+        self.previews: dict[str, Any] = {}  # execution id: its arguments' preview
+        self.outputs: dict[str, Any] = {}  # execution id: its output's preview
+
+    def __call__(self, seq: int, data: Any) -> None:
+        self.builder(seq, data)
+        self.approvals(seq, data)
+        kind = data.get("kind") if isinstance(data, dict) else None
+        if kind not in ("tool_execution_started", "tool_execution_finished"):
+            return
+        eid = subject_of(data)
+        if isinstance(eid, str) and kind == "tool_execution_started":
+            self.previews[eid] = data.get("arguments_preview")
+        elif isinstance(eid, str):
+            self.outputs[eid] = data.get("output_preview")
+
+
 def _detail(path: str, directory: str, fs: FileSystem, source: str) -> dict[str, Any]:
     log_scan = LogScan(directory, mode="salvage", fs=fs)
-    builder = Builder(JournalState())
-    previews: dict[str, Any] = {}  # execution id: its arguments' preview
-    outputs: dict[str, Any] = {}  # execution id: its output's preview
-
-    approvals = ApprovalRecords()
-
-    def also(seq: int, data: Any) -> None:
-        builder(seq, data)
-        approvals(seq, data)
-        kind = data.get("kind") if isinstance(data, dict) else None
-        if kind in ("tool_execution_started", "tool_execution_finished"):
-            eid = subject_of(data)
-            if isinstance(eid, str) and kind == "tool_execution_started":
-                previews[eid] = data.get("arguments_preview")
-            elif isinstance(eid, str):
-                outputs[eid] = data.get("output_preview")
-
+    reader = _Reader()
+    builder = reader.builder
     records = iter(log_scan)
-    done = rebuild(records, also, builder.state)
+    done = rebuild(records, reader, builder.state)
     for _ in records:  # after a refusal, or a plain log's first record: verify the rest
         pass
     finish = getattr(fs, "finish", None)
@@ -139,11 +147,12 @@ def _detail(path: str, directory: str, fs: FileSystem, source: str) -> dict[str,
     # Whether a blocker may be a call in flight: as `walj inspect` tells it (LOCK.owner).
     writer = last_writer(path) if rec.blockers and not is_url(path) else None
     turns = turns_json(builder, rec, TURNS)
-    shown, count = approvals.rows(rec, now)
+    shown, count = reader.approvals.rows(rec, now)
     for turn in turns:
         for execution in turn["executions"]:
-            execution["arguments_preview"] = opt_str(previews.get(execution["execution_id"]))
-            execution["output_preview"] = opt_str(outputs.get(execution["execution_id"]))
+            eid = execution["execution_id"]
+            execution["arguments_preview"] = opt_str(reader.previews.get(eid))
+            execution["output_preview"] = opt_str(reader.outputs.get(eid))
     detail.update(
         blocked=rec.blocked, blocker_count=len(rec.blockers),
         writer=writer, approvals=shown, approval_count=count,
