@@ -191,6 +191,9 @@ def test_report_over_an_archive_and_an_archive_with_its_local_tail(
     assert [row[0] for row in page.rows] == ["blocked", "active"]
     (blocker,) = _blockers(root / "blocked")
     assert page.commands[page.sections[0][0]] == [resolve_command(ARCHIVED_SESSION, blocker)]
+    one = f"{archive.url}/{ids['blocked']}"  # one archived session's URL
+    assert main(["report", one, "-o", str(out)]) == 1
+    assert [(row[0], row[1]) for row in read_page(out)[1].rows] == [("blocked", one)]
     # Archive plus the local tail: older local segments gone, the chain checked across.
     for segment in sorted((root / "clean").glob("seg-*.jsonl"))[:-1]:
         segment.unlink()
