@@ -232,3 +232,5 @@ def test_report_shows_approvals_pending_first_with_who_decided(tmp_path: Path) -
         row = rf'{ids[call]}send{call}\{{"to":"{call}@example.com"\}}[0-9: -]+{status}'
         assert re.search(row, rows), call
     assert "bob: <b>not this one</b>" in text and "ann: checked the address" in text
+    # Each turn's timeline names the approval its call asked for: nothing ran there.
+    assert f"asked for approval {ids['b']} (now denied); nothing ran" in text

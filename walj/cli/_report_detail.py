@@ -148,6 +148,9 @@ def _detail(path: str, directory: str, fs: FileSystem, source: str) -> dict[str,
     writer = last_writer(path) if rec.blockers and not is_url(path) else None
     turns = turns_json(builder, rec, TURNS)
     shown, count = reader.approvals.rows(rec, now)
+    asked: dict[int | None, list[dict[str, Any]]] = {}  # turn: the approvals its calls asked
+    for request in reader.approvals.requests.values():
+        asked.setdefault(request["turn_sequence"], []).append({**request, "type": "approval"})
     for turn in turns:
         for execution in turn["executions"]:
             eid = execution["execution_id"]
@@ -161,13 +164,15 @@ def _detail(path: str, directory: str, fs: FileSystem, source: str) -> dict[str,
                   for b in rec.blockers[:BLOCKERS]],
         resolution_count=len(rec.resolved),
         resolutions=[resolution_json(r) for r in rec.resolved[-RESOLUTIONS:]],
-        turn_count=len(builder.order), turns=[_bounded(turn) for turn in turns])
+        turn_count=len(builder.order),
+        turns=[_bounded(turn, asked.get(turn["turn_sequence"], [])) for turn in turns])
     return detail
 
 
-def _bounded(turn: dict[str, Any]) -> dict[str, Any]:
-    """A turn's calls in log order, at most ITEMS_PER_TURN of them (the rest counted)."""
-    items: list[dict[str, Any]] = []
+def _bounded(turn: dict[str, Any], asked: list[dict[str, Any]]) -> dict[str, Any]:
+    """A turn's calls in log order, with the approvals they asked for (no handler ran for
+    those), at most ITEMS_PER_TURN of them (the rest counted)."""
+    items: list[dict[str, Any]] = list(asked)
     for kind in ("executions", "blocked", "replayed", "refused", "llm_calls"):
         items += [{**item, "type": kind} for item in turn[kind]]
     items.sort(key=lambda item: int(item["seq"]))

@@ -33,13 +33,13 @@ header h1{margin:0 0 4px;font-size:20px}header p{margin:2px 0;color:#cfd6e0}
 h2{font-size:17px;margin:18px 0 8px}h3{font-size:14px;margin:14px 0 6px}
 table{border-collapse:collapse;width:100%;background:#fff;margin-bottom:8px}
 th,td{text-align:left;padding:3px 8px;border-bottom:1px solid #e3e6ea;vertical-align:top;
-overflow-wrap:break-word}td .mono,td code{overflow-wrap:anywhere}
+overflow-wrap:anywhere}td{min-width:4.5em}td.n{min-width:0}
 th{background:#eef0f3;font-weight:600;white-space:nowrap}td.n{text-align:right}
 code,pre,.mono{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:12px}
 pre.command{background:#101820;color:#e6edf3;padding:6px 10px;margin:4px 0 10px;
 white-space:pre-wrap;overflow-wrap:anywhere;user-select:all}
-.status{display:inline-block;padding:0 6px;border-radius:3px;font-weight:600;font-size:12px;
-text-transform:uppercase}
+.status{display:inline-block;white-space:nowrap;padding:0 6px;border-radius:3px;
+font-weight:600;font-size:12px;text-transform:uppercase}
 .st-blocked,.o-bad{background:#c62828;color:#fff}.st-corrupt,.st-unsupported,.st-unreadable{
 background:#8e24aa;color:#fff}.st-active{background:#2e7d32;color:#fff}
 .st-ended{background:#607d8b;color:#fff}.o-ok{color:#2e7d32;font-weight:600}

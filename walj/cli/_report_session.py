@@ -11,7 +11,7 @@ from ._report_detail import BLOCKERS, ITEMS_PER_TURN, RESOLUTIONS, SEGMENTS, TUR
 from ._report_html import LONG, PATH, esc, number, status_badge, table
 
 _FINE = frozenset({"ok", "succeeded", "resolved succeeded", "completed", "resolved", "approved",
-                   "consumed"})
+                   "consumed", "awaiting_approval"})
 _BAD = frozenset({"ambiguous", "started", "blocked", "refused", "error", "cancelled", "denied",
                   "approval_expired", "incomplete", "expired"})
 
@@ -177,6 +177,12 @@ def _item_row(item: dict[str, Any]) -> tuple[str, ...]:
         outcome = "pending" if item["pending"] else item["outcome"]
         return (number(item["seq"]), f"LLM {esc(item['model'])}", "-", _outcome(outcome),
                 esc(duration(item["duration_seconds"])), "-", "")
+    if kind == "approval":
+        return (number(item["seq"]), esc(item["tool"]), f"<code>{esc(item['call_id'])}</code>",
+                _outcome("awaiting_approval"), "-",
+                f'<span class="mono">{esc(item["arguments_preview"], LONG)}</span>',
+                f"asked for approval <code>{esc(item['approval_id'])}</code> (now "
+                f"{esc(item['status'])}); nothing ran")
     if kind == "executions":
         res = item["resolution"]
         marks = " ".join(m for m, on in (("AMBIGUOUS", item["ambiguous"]),
