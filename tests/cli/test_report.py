@@ -90,6 +90,10 @@ def test_report_of_a_root_lists_blocked_first_with_inspects_resolve_commands(
                           "no such file")
     assert_one_line_error(walj_cli("report", root, "-o", tmp_path / "no" / "r.html"), 2,
                           "no such directory")
+    for inside in (root / "clean" / "r.html", root / "turn" / "quarantine" / "r.html"):
+        inside.parent.mkdir(exist_ok=True)
+        assert_one_line_error(walj_cli("report", root, "-o", inside), 2, "inside the session")
+        assert not inside.exists()
 
 
 def test_every_string_from_the_log_is_escaped(tmp_path: Path,

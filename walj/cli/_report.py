@@ -14,6 +14,7 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any
 
 from ..archive import is_url
+from ._accounting import OWN_DIRS
 from ._common import EXIT_OK, EXIT_PROBLEMS, CliError, plural, write_lines
 from ._report_detail import check_session, session_detail
 from ._report_html import PATH, esc, order_key, page, sessions_table
@@ -30,6 +31,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     output = _output_path(args.output)
     jobs = job_count(args)
     entries = _checked(source, args.archive, jobs)
+    _refuse_inside(output, [e["path"] for e in entries if not is_url(e["path"])])
     entries.sort(key=order_key)
     chosen = entries[:args.detail]
     # An unreadable one is never read again: it may be a symbolic link, which is not followed.
@@ -114,6 +116,18 @@ def _output_path(output: str) -> str:
     if os.path.isdir(output):
         raise CliError(f"{output} is a directory; -o takes the report's file name")
     return output
+
+
+def _refuse_inside(output: str, sessions: list[str]) -> None:
+    """A report reads sessions and writes nothing in them: never its page (nor its temporary
+    file) into a session directory or one of its own directories."""
+    parent = os.path.realpath(os.path.dirname(os.path.abspath(output)))
+    inside = {parent, os.path.dirname(parent)}
+    for session in sessions:
+        real = os.path.realpath(session)
+        if real == parent or (real in inside and os.path.basename(parent) in OWN_DIRS):
+            raise CliError(f"{output} is inside the session {session}: a report writes "
+                           "nothing into a session; write it elsewhere")
 
 
 def _write(output: str, text: str) -> int:
