@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output", "-o", type=Path, default=DEFAULT_OUTPUT)
     parser.add_argument("--chromium", default="/usr/bin/chromium")
-    parser.add_argument("--size", default="1200,1400", help="window WIDTH,HEIGHT in pixels")
+    parser.add_argument("--size", default="1200,1200", help="window WIDTH,HEIGHT in pixels")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="walj-screenshot-") as staging:
         work = Path(staging)
