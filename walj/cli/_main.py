@@ -169,7 +169,10 @@ def build_parser(prog: str = "walj") -> argparse.ArgumentParser:
     _flags(p, ("--all", "list active and ended logs too"), _JSON)
 
     p = command("report", "every session as one self-contained HTML page, blocked first",
-                "source", "ROOT|PATH|URL")
+                "source", "ROOT|PATH|URL", description="Write one HTML page (no script, nothing "
+                "fetched) of every session under ROOT, of one session, or of an archive's URL: "
+                "blocked sessions first, each blocker with the `walj resolve` command that "
+                "settles it; read-only, no lock.")
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="the HTML file to write")
     p.add_argument("--archive", metavar="URL", help="the archive the sessions were shipped to: "
                    "read each one's archived segments, then its own")
