@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -238,3 +239,33 @@ def test_report_shows_approvals_pending_first_with_who_decided(tmp_path: Path) -
     assert "bob: <b>not this one</b>" in text and "ann: checked the address" in text
     # Each turn's timeline names the approval its call asked for: nothing ran there.
     assert f"asked for approval {ids['b']} (now denied); nothing ran" in text
+
+
+def test_an_interrupted_report_leaves_the_old_page_or_a_whole_new_one(tmp_path: Path) -> None:
+    """A real Ctrl-C (SIGINT) at moments spread over the run: never half a page, never its
+    temporary file left behind; the page before stays until a whole one replaces it."""
+    root = tmp_path / "root"
+    make_journal(root / "s000", turns=TURNS + 5)
+    for i in range(1, 120):
+        shutil.copytree(root / "s000", root / f"s{i:03d}")
+    out = tmp_path / "pages" / "report.html"
+    out.parent.mkdir()
+    out.write_text("the page before")
+    codes = set()
+    for delay in (0.3, 0.5, 0.8):
+        child = subprocess.Popen(
+            [sys.executable, "-m", "walj", "report", str(root), "-o", str(out), "--jobs", "1",
+             "--detail", "120"], env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        time.sleep(delay)
+        child.send_signal(signal.SIGINT)
+        _, err = child.communicate(timeout=60)
+        codes.add(child.returncode)
+        assert child.returncode in (0, 130, -signal.SIGINT), err
+        assert [p.name for p in out.parent.iterdir()] == ["report.html"]  # no temporary file
+        page = out.read_text(encoding="utf-8")
+        assert page == "the page before" or (page.endswith("</html>\n")
+                                             and len(read_page(out)[1].rows) == 120)
+    assert codes & {130, -signal.SIGINT}  # at least one run was cut short
+    assert walj_cli("report", root, "-o", out, "--detail", "1").code == 0  # then a whole one
+    assert [p.name for p in out.parent.iterdir()] == ["report.html"]
+    assert len(read_page(out)[1].rows) == 120
