@@ -208,6 +208,8 @@ def test_report_over_an_archive_and_an_archive_with_its_local_tail(
     text = "".join(read_page(out)[1].text)
     assert "archive + local" in text and "Seal chain: verified" in text
     assert main(["report", archive.url, "--archive", archive.url, "-o", str(out)]) == 2
+    assert main(["report", str(root), "--archive", archive.url + "-typo", "-o", str(out)]) == 2
+    assert "holds no archived session" in capsys.readouterr().err
 
 
 def test_report_shows_approvals_pending_first_with_who_decided(tmp_path: Path) -> None:

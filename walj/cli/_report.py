@@ -29,6 +29,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.archive is not None and is_url(source):
         raise CliError("--archive goes with a local ROOT or PATH; a URL is read alone")
     output = _output_path(args.output)
+    if args.archive is not None and not archived_logs(args.archive):  # readable, not empty
+        raise CliError(f"{args.archive} holds no archived session (ARCHIVE/<log id>/, as "
+                       "`walj archive SESSION_DIR --to ARCHIVE` ships them)")
     jobs = job_count(args)
     entries = _checked(source, args.archive, jobs)
     _refuse_inside(output, [e["path"] for e in entries if not is_url(e["path"])])
