@@ -37,20 +37,39 @@ def cmd_report(args: argparse.Namespace) -> int:
     _refuse_inside(output, [e["path"] for e in entries if not is_url(e["path"])])
     entries.sort(key=order_key)
     chosen = entries[:args.detail]
-    # An unreadable one is never read again: it may be a symbolic link, which is not followed.
+    details, failed = _details(chosen, args.archive, jobs, _remote(source, args.archive))
+    counts = {status: sum(1 for e in entries if e["status"] == status) for status in STATUSES}
+    size = _write(output, _render(args, entries, chosen, details, counts))
+    write_lines([f"{output}: {plural(len(entries), 'session')} "
+                 f"({', '.join(f'{counts[s]:,} {s}' for s in STATUSES if counts[s])}), "
+                 f"{len(chosen)} in full, {size:,} bytes"])
+    fine = all(e["status"] in FINE for e in entries)
+    return EXIT_OK if fine and not failed else EXIT_PROBLEMS
+
+
+def _details(chosen: list[dict[str, Any]], archive: str | None, jobs: int,
+             threads: bool) -> tuple[list[dict[str, Any]], bool]:
+    """Each chosen session read in full, and whether any could not be read. An unreadable one
+    is never read again: it may be a symbolic link, which is not followed."""
     readable = [e["path"] for e in chosen if e["status"] != "unreadable"]
-    read = dict(zip(readable, _run(functools.partial(session_detail, archive=args.archive),
-                                   readable, jobs, threads=_remote(source, args.archive)),
-                    strict=True))
+    read = dict(zip(readable, _run(functools.partial(session_detail, archive=archive),
+                                   readable, jobs, threads=threads), strict=True))
     details = [read.get(e["path"]) or {"path": e["path"], "error": e["detail"] or "unreadable"}
                for e in chosen]
+    return details, any("error" in d for d in read.values())
+
+
+def _render(args: argparse.Namespace, entries: list[dict[str, Any]],
+            chosen: list[dict[str, Any]], details: list[dict[str, Any]],
+            counts: dict[str, int]) -> str:
+    """The page: a row for every session, then the chosen ones in full."""
+    source: str = args.source
     now = time.time()
     anchors = {entry["path"]: f"s{i + 1}" for i, entry in enumerate(chosen)}
 
     def label(path: str) -> str:
         return relative(path, source) if path != source else path
 
-    counts = {status: sum(1 for e in entries if e["status"] == status) for status in STATUSES}
     summary = [f"{esc(source, PATH)}" + (f" with its archive {esc(args.archive, PATH)}"
                                           if args.archive else ""),
                f"{plural(len(entries), 'session')}: " + ", ".join(
@@ -60,17 +79,9 @@ def cmd_report(args: argparse.Namespace) -> int:
               f"{args.detail}: --detail); every session has its row here. "
               "<code>walj inspect PATH</code> and <code>walj timeline PATH</code> show any "
               "session whole.")
-    html_page = page(esc(label(source), PATH), summary,
-                     sessions_table(entries, anchors, now, label),
-                     [section(anchors[e["path"]], e, d, label(e["path"]), now)
-                      for e, d in zip(chosen, details, strict=True)], bounds)
-    size = _write(output, html_page)
-    failed = any("error" in d for d in read.values())
-    write_lines([f"{output}: {plural(len(entries), 'session')} "
-                 f"({', '.join(f'{counts[s]:,} {s}' for s in STATUSES if counts[s])}), "
-                 f"{len(chosen)} in full, {size:,} bytes"])
-    fine = all(e["status"] in FINE for e in entries)
-    return EXIT_OK if fine and not failed else EXIT_PROBLEMS
+    return page(esc(label(source), PATH), summary, sessions_table(entries, anchors, now, label),
+                [section(anchors[e["path"]], e, d, label(e["path"]), now)
+                 for e, d in zip(chosen, details, strict=True)], bounds)
 
 
 def _remote(source: str, archive: str | None) -> bool:
