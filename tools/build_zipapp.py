@@ -22,8 +22,8 @@ DEFAULT_OUTPUT = REPO / "dist" / "walj-forensic.pyz"
 # The zipapp's entry point. The version check comes before any import of walj, so an older
 # interpreter gets a clear message instead of a syntax error.
 MAIN = '''\
-"""walj-forensic.pyz: verify, inspect, dump, tail, timeline, stats and sweep walj logs,
-read-only, with the standard library alone."""
+"""walj-forensic.pyz: verify, inspect, dump, tail, timeline, stats, sweep and report on walj
+logs, read-only, with the standard library alone."""
 
 import sys
 

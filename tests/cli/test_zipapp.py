@@ -26,6 +26,7 @@ from cli_helpers import (
     walj_cli,
 )
 from helpers import segments
+from report_helpers import read_page
 
 import walj
 
@@ -131,6 +132,28 @@ def test_read_commands_match_the_library_and_write_nothing(zipapp: dict[str, Pat
         assert "Traceback" not in refused.err
     assert snapshot(root) == before
     assert not (tmp_path / "demo").exists()
+
+
+def test_report_with_the_standard_library_matches_the_library(zipapp: dict[str, Path],
+                                                              tmp_path: Path) -> None:
+    """`report` writes only its page: the zipapp makes it, from the same rows, sections and
+    resolve commands as the library's (times aside), and the sessions stay as they were."""
+    root = tmp_path / "sessions"
+    eid = make_journal(root / "blocked", blocked=True)
+    make_journal(root / "clean")
+    before = snapshot(root)
+    made = forensic(zipapp, "report", root, "-o", tmp_path / "forensic.html")
+    assert made.code == 1 and "2 sessions (1 active, 1 blocked)" in made.out, made.err
+    assert walj_cli("report", root, "-o", tmp_path / "library.html").code == 1
+    _, forensic_page = read_page(tmp_path / "forensic.html")
+    _, library_page = read_page(tmp_path / "library.html")
+    assert [row[:2] + row[3:] for row in forensic_page.rows] == [
+        row[:2] + row[3:] for row in library_page.rows]  # the age column is a clock's
+    assert forensic_page.sections == library_page.sections == [("s1", "blocked"),
+                                                               ("s2", "active")]
+    assert forensic_page.commands == library_page.commands
+    assert eid is not None and eid in forensic_page.commands["s1"][0]
+    assert snapshot(root) == before
 
 
 def test_it_reads_a_local_archive_with_the_standard_library(zipapp: dict[str, Path],

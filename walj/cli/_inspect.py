@@ -4,6 +4,7 @@ resolutions), or the whole history of one execution."""
 from __future__ import annotations
 
 import argparse
+import shlex
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -232,18 +233,26 @@ def _blocker_details(b: Blocker) -> list[str]:
     return lines
 
 
+def resolve_command(path: str, blocker: Blocker) -> str:
+    """The `walj resolve` command that settles `blocker` once a person knows what happened:
+    `inspect` prints it and `report` shows it. NOTE and NAME (and, for an execution, one of
+    the outcomes) are the person's to fill in; the path and the id are quoted for a shell."""
+    where = shlex.quote(path)
+    if blocker.quarantine_file is not None:
+        return (f"walj resolve {where} {shlex.quote(blocker.quarantine_file)} --outcome reviewed "
+                "--note TEXT --actor NAME")
+    if blocker.execution_id is None:  # an interrupted turn
+        return f"walj resolve {where} --turn {blocker.turn_sequence} --note TEXT --actor NAME"
+    return (f"walj resolve {where} {shlex.quote(blocker.execution_id)} "
+            "--outcome succeeded|failed|not_performed --note TEXT --actor NAME")
+
+
 def _next_lines(path: str, rec: Recovery) -> list[str]:
     if not rec.blocked:
         return []
-    lines = ["", "Resolve each blocker on the record, once you know what happened "
-             "(`walj resolve --help` says what each outcome does):",
-             f"  walj resolve {path} EXECUTION --outcome succeeded|failed|not_performed "
-             "--note TEXT --actor NAME",
-             f"  walj resolve {path} --turn N --note TEXT --actor NAME"]
-    if any(b.quarantine_file for b in rec.blockers):
-        lines.append(f"  walj resolve {path} QUARANTINE_FILE --outcome reviewed "
-                     "--note TEXT --actor NAME")
-    return lines
+    return ["", "Resolve each blocker on the record, once you know what happened "
+            "(`walj resolve --help` says what each outcome does):",
+            *(f"  {resolve_command(path, b)}" for b in rec.blockers)]
 
 
 def _turn_effect(sequence: int, tool_bearing: bool, blocking: set[int | None]) -> str:

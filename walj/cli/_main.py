@@ -22,7 +22,8 @@ from ._common import (
     printable,
 )
 
-READ_COMMANDS = ("verify", "inspect", "dump", "tail", "timeline", "stats", "sweep")
+READ_COMMANDS = ("verify", "inspect", "dump", "tail", "timeline", "stats", "sweep", "report",
+                 "audit")
 WRITE_COMMANDS = ("resolve", "repair", "demo", "archive", "prune")
 
 EPILOG = """\
@@ -169,6 +170,19 @@ def build_parser(prog: str = "walj") -> argparse.ArgumentParser:
                    help="worker processes (default: CPU count, at most 8; 1: none)")
     _flags(p, ("--all", "list active and ended logs too"), _JSON)
 
+    p = command("report", "every session as one self-contained HTML page, blocked first",
+                "source", "ROOT|PATH|URL", description="Write one HTML page (no script, nothing "
+                "fetched) of every session under ROOT, of one session, or of an archive's URL: "
+                "blocked sessions first, each blocker with the `walj resolve` command that "
+                "settles it; read-only, no lock.")
+    p.add_argument("-o", "--output", required=True, metavar="FILE", help="the HTML file to write")
+    p.add_argument("--archive", metavar="URL", help="the archive the sessions were shipped to: "
+                   "read each one's archived segments, then its own")
+    p.add_argument("--detail", type=int, default=50, metavar="N", help="sessions shown in "
+                   "full, blocked first (default 50); every other one has a summary row")
+    p.add_argument(*_JOBS, type=int, default=None, metavar="N",
+                   help="worker processes (default: CPU count, at most 8; 1: none)")
+
     p = command("resolve", "resolve a blocker durably (a live writer applies it)",
                 description="Resolve a blocker durably, under the writer lock or, while a live "
                 "process holds the session, by a request that process applies: a "
@@ -229,7 +243,8 @@ _COMMANDS = {"verify": ("_logcmds", "cmd_verify"), "stats": ("_logcmds", "cmd_st
              "inspect": ("_inspect", "cmd_inspect"), "timeline": ("_timeline", "cmd_timeline"),
              "sweep": ("_sweep", "cmd_sweep"), "archive": ("_archive", "cmd_archive"),
              "prune": ("_prune", "cmd_prune"), "resolve": ("_write", "cmd_resolve"),
-             "repair": ("_write", "cmd_repair"), "audit": ("_audit", "cmd_audit")}
+             "repair": ("_write", "cmd_repair"), "audit": ("_audit", "cmd_audit"),
+             "report": ("_report", "cmd_report")}
 
 
 def _command(name: str) -> Callable[[argparse.Namespace], int]:

@@ -26,7 +26,7 @@ from ._common import (
     write_lines,
 )
 from ._inspect import journal_state, snapshot
-from ._model import JournalState, subject_of, time_of, turn_number
+from ._model import JournalState, Recovery, subject_of, time_of, turn_number
 
 
 def _span(start: float | None, end: float | None) -> float | None:
@@ -202,6 +202,18 @@ def _turn_json(node: TurnNode) -> dict[str, Any]:
             "blocker": node.blocker, "resolution": node.resolution, **items}
 
 
+def turns_json(builder: Builder, rec: Recovery, last: int | None = None) -> list[dict[str, Any]]:
+    """The turns (the `last` ones, or all) as `walj.timeline/3` lists them, each execution and
+    interrupted turn that blocks now marked: `timeline` and `report` show these."""
+    for b in rec.blockers:
+        if b.execution_id is not None and b.execution_id in builder.executions:
+            builder.executions[b.execution_id].blocker = True
+        elif b.state == "interrupted_turn" and b.turn_sequence in builder.turns:
+            builder.turns[b.turn_sequence].blocker = True
+    order = builder.order if last is None else builder.order[-last:]
+    return [_turn_json(builder.turns[key]) for key in order]
+
+
 def cmd_timeline(args: argparse.Namespace) -> int:
     path: str = args.path
     if args.last is not None and args.last < 1:
@@ -210,13 +222,7 @@ def cmd_timeline(args: argparse.Namespace) -> int:
     log_scan, records = scan(path, names, desc="reading")
     builder = Builder(JournalState())
     rec = snapshot(path, journal_state(path, log_scan, records, builder, builder.state))
-    for b in rec.blockers:
-        if b.execution_id is not None and b.execution_id in builder.executions:
-            builder.executions[b.execution_id].blocker = True
-        elif b.state == "interrupted_turn" and b.turn_sequence in builder.turns:
-            builder.turns[b.turn_sequence].blocker = True
-    order = builder.order if args.last is None else builder.order[-args.last:]
-    turns = [_turn_json(builder.turns[key]) for key in order]
+    turns = turns_json(builder, rec, args.last)
     code = EXIT_PROBLEMS if rec.blocked or log_scan.problems else EXIT_OK
     if args.json:
         emit_json({"schema": "walj.timeline/3", "path": path, "log_id": log_scan.log_id,
