@@ -109,6 +109,7 @@ from .errors import (  # noqa: E402
 )
 from .journal import (  # noqa: E402
     Blocker,
+    CallStatus,
     CompactReport,
     Cut,
     ExecutionEnd,
@@ -130,6 +131,7 @@ from .journal import (  # noqa: E402
 
 __all__ += [
     "Blocker",
+    "CallStatus",
     "CompactReport",
     "Cut",
     "ExecutionEnd",
