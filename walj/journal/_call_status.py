@@ -43,11 +43,13 @@ class CallStatus:
     - "settled": it ran to an end, `outcome` "ok", "error" or "cancelled". An ok one's value is
       in `output` when `output_stored`, else `output_not_stored` says why (None: the journal
       did not store outputs) and `output_preview` shows it redacted;
-    - "in_doubt": it started and did not finish (`state` "started" or "ambiguous"): its outcome
-      is unknown and it blocks until resolved;
+    - "in_doubt": it started and did not finish (`state` "started" or "ambiguous"; `error` the
+      type of what interrupted it, when recorded): its outcome is unknown and it blocks until
+      resolved;
     - "resolved": it was in doubt and a person, policy or reconcile hook settled it:
       `outcome` ("succeeded", "failed", "not_performed", "rerun"), `actor`, `note`, and the
-      resolution's `output` if it gave one;
+      resolution's `output` if it gave one. One closed by not_performed or rerun is found by
+      reading the log's intents; once compaction dropped its intent, it reads "not_run";
     - "not_found": the journal cannot tell: `reason` "outside_replay_window" (it may have been
       settled before the replay window) or "log_damage" (records were lost to damage).
 
