@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import copy
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import wait_until
 from journal_helpers import interrupted
 
 import walj
@@ -275,3 +277,43 @@ def test_langchain_messages_get_tool_messages_that_convert_to_valid_openai_messa
     assert {m.tool_call_id for m in added if m.status == "success"} == {"call_big", "call_done"}
     assert check_chat(convert_to_openai_messages(repaired))["call_ok"] == "answered"
     assert repair_messages(repaired, journal) == repaired
+
+
+# --- approvals ----------------------------------------------------------------------------------
+
+
+def test_calls_that_need_approval_are_repaired_as_not_run_with_the_approval_they_wait_on(
+        tmp_path: Path) -> None:
+    from walj.integrations.openai import repair_messages
+
+    ran: list[str] = []
+    tools = {"wire": walj.Tool(lambda to: ran.append(to) or "sent", approval=True)}
+    with walj.ToolJournal.open(tmp_path / "j", tools=tools, store_outputs=True) as journal:
+        ids = ["c_wait", "c_ok", "c_no", "c_late", "c_ran"]
+        with journal.turn() as turn:
+            asked = {c: turn.dispatch("wire", {"to": c}, call_id=c).approval_id for c in ids}
+        journal.approve(asked["c_ok"], actor="ann")
+        journal.deny(asked["c_no"], actor="bob", note="wrong account")
+        journal.approve(asked["c_late"], actor="ann", expires_at=time.time() + 0.2)
+        journal.approve(asked["c_ran"], actor="ann")
+        with journal.turn() as turn:
+            assert turn.dispatch("wire", {"to": "c_ran"}, call_id="c_ran").outcome == "ok"
+        assert wait_until(lambda: journal.call_status("c_late").status == "approval_expired")
+        statuses = {c: journal.call_status(c) for c in ids}
+        assert {c: (s.status, s.approval_id) for c, s in statuses.items()} == {
+            "c_wait": ("awaiting_approval", asked["c_wait"]),
+            "c_ok": ("approved", asked["c_ok"]), "c_no": ("denied", asked["c_no"]),
+            "c_late": ("approval_expired", asked["c_late"]), "c_ran": ("settled", None)}
+        calls = [{"id": c, "type": "function", "function": {"name": "wire", "arguments": "{}"}}
+                 for c in ids]
+        answers = check_chat(repair_messages(
+            [{"role": "assistant", "content": None, "tool_calls": calls}], journal))
+    assert ran == ["c_ran"]
+    assert answers == {
+        "c_wait": f"This call was not run: it awaits a person's approval ({asked['c_wait']}).",
+        "c_ok": (f"This call was not run yet: ann approved it ({asked['c_ok']}), and it was not "
+                 "dispatched since."),
+        "c_no": f"This call was not run: bob denied it ({asked['c_no']}): wrong account.",
+        "c_late": (f"This call was not run: its approval ({asked['c_late']}) expired before it "
+                   "ran."),
+        "c_ran": "sent"}

@@ -72,6 +72,9 @@ def answer_for(status: walj.CallStatus) -> Answer:
         return _resolved(status)
     if kind == "not_run":
         return Answer("This call was not run, so it has no result.", True, False, status)
+    approval = _approval_text(status)
+    if approval is not None:
+        return Answer(approval, True, False, status)
     if status.reason == "log_damage":
         return Answer("The outcome of this call cannot be told: part of the journal's log was "
                       "damaged, and walj did not run it again.", True, False, status)
@@ -87,6 +90,20 @@ def _resolved(status: walj.CallStatus) -> Answer:
     actor = status.actor or "an unrecorded actor"
     text = f"{_INTERRUPTED}; {actor} resolved it as {outcome}{_said(status.note)}."
     return Answer(text, outcome != "succeeded", outcome == "failed", status)
+
+
+def _approval_text(status: walj.CallStatus) -> str | None:
+    """The text for a call that needs a person's approval and has not run; None otherwise."""
+    approval, actor = status.approval_id, status.actor or "an unrecorded actor"
+    return {
+        "awaiting_approval": f"This call was not run: it awaits a person's approval "
+                             f"({approval}).",
+        "approved": f"This call was not run yet: {actor} approved it ({approval}), and it was "
+                    "not dispatched since.",
+        "denied": f"This call was not run: {actor} denied it ({approval}){_said(status.note)}.",
+        "approval_expired": f"This call was not run: its approval ({approval}) expired before "
+                            "it ran.",
+    }.get(status.status)
 
 
 def _statuses(journal: walj.ToolJournal) -> Callable[[str], Answer]:

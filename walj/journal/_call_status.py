@@ -5,6 +5,7 @@ the journal")."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
@@ -14,7 +15,7 @@ from ..log import Record, read
 from . import records as rc
 from ._callindex import Forgotten
 from ._compact import settling_records
-from ._records import Resolution
+from ._records import Approval, Resolution
 
 if TYPE_CHECKING:
     from ._core import Core
@@ -25,7 +26,12 @@ SETTLED = "settled"
 IN_DOUBT = "in_doubt"
 RESOLVED = "resolved"
 NOT_FOUND = "not_found"
-CALL_STATUSES = (NOT_RUN, SETTLED, IN_DOUBT, RESOLVED, NOT_FOUND)
+AWAITING_APPROVAL = "awaiting_approval"
+APPROVED = "approved"
+DENIED = "denied"
+APPROVAL_EXPIRED = "approval_expired"
+CALL_STATUSES = (NOT_RUN, SETTLED, IN_DOUBT, RESOLVED, NOT_FOUND, AWAITING_APPROVAL, APPROVED,
+                 DENIED, APPROVAL_EXPIRED)
 
 # Why a call id is not found (CallStatus.reason).
 OUTSIDE_WINDOW = rc.REFUSED_OUTSIDE_WINDOW
@@ -51,7 +57,10 @@ class CallStatus:
       resolution's `output` if it gave one. One closed by not_performed or rerun is found by
       reading the log's intents; once compaction dropped its intent, it reads "not_run";
     - "not_found": the journal cannot tell: `reason` "outside_replay_window" (it may have been
-      settled before the replay window) or "log_damage" (records were lost to damage).
+      settled before the replay window) or "log_damage" (records were lost to damage);
+    - "awaiting_approval", "approved", "denied", "approval_expired": it needs a person's
+      approval and has not run: its latest request (`approval_id`) is pending, approved and
+      not used yet, denied (`actor`, `note`), or approved with an expiry that has passed.
 
     Every text field is what a record held: data, never instructions."""
 
@@ -69,6 +78,7 @@ class CallStatus:
     actor: str | None = None
     note: str | None = None
     reason: str | None = None
+    approval_id: str | None = None
     seq: int | None = None  # the record that says so (the intent, for a call in doubt)
 
 
@@ -94,6 +104,9 @@ def call_status(core: Core, call_id: str) -> CallStatus:
         if found is not None:
             settling, seq = settling_records(core, [(call_id, found.seq)])[call_id]
             return _settled(call_id, settling, seq)
+        approval = core.view(lambda state: state.approvals.latest_for(call_id))
+        if approval is not None and approval.status != "consumed":
+            return _approval(call_id, approval)
         if core.view(_damaged):
             return CallStatus(call_id, NOT_FOUND, reason=LOG_DAMAGE)
         unsettled = core.view(_unsettling_resolutions)
@@ -117,6 +130,15 @@ def _in_doubt(state: JournalState, call_id: str) -> CallStatus | None:
     return CallStatus(call_id, IN_DOUBT, tool=_text(execution.record, "tool"),
                       execution_id=execution_id, state=execution.state,
                       error=execution.error_type, seq=execution.seq)
+
+
+def _approval(call_id: str, approval: Approval) -> CallStatus:
+    """A call that waits for, or was refused, a person's approval: it has not run."""
+    status = {"pending": AWAITING_APPROVAL, "denied": DENIED}.get(approval.status, APPROVED)
+    if approval.expired(time.time()):
+        status = APPROVAL_EXPIRED
+    return CallStatus(call_id, status, tool=approval.tool, actor=approval.actor,
+                      note=approval.note, approval_id=approval.approval_id)
 
 
 def _damaged(state: JournalState) -> bool:
