@@ -228,15 +228,20 @@ def test_anthropic_history_gets_its_tool_results_first_in_the_next_user_message(
     first = [{"role": "user", "content": "refund order 1"},
              {"role": "assistant", "content": [{"type": "text", "text": "On it."}, *uses]},
              answered]
-    # The crash case: the assistant's tool_use blocks are the last message.
+    # The crash case: the assistant's tool_use blocks are the last message; and a reply of
+    # plain text, which becomes a text block after the results.
     second = [{"role": "user", "content": "refund"}, {"role": "assistant", "content": uses}]
+    third = [*second, {"role": "user", "content": "and?"}]
     adapter: TypeAdapter[Any] = TypeAdapter(MessageParam)
     expected = expected_texts(journal)
-    for history, ok_text in ((first, "answered"), (second, expected["call_ok"])):
+    for history, ok_text in ((first, "answered"), (second, expected["call_ok"]),
+                             (third, expected["call_ok"])):
         before = copy.deepcopy(history)
         repaired = repair_messages(history, journal)
         assert history == before
         assert len(repaired) == 3 and repaired[:2] == history[:2]
+        if history is not second:  # the reply's own blocks stay, after the results
+            assert repaired[2]["content"][-1] == {"type": "text", "text": "and?"}
         for message in repaired:
             adapter.validate_python(message)
         reply = repaired[2]["content"]

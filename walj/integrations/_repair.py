@@ -192,7 +192,10 @@ def repair_anthropic(messages: Any, journal: walj.ToolJournal) -> list[Any]:
         uses = [call_id_of(block, "id", "a tool_use block", index)
                 for block in _blocks(item) or () if field(block, "type") == "tool_use"]
         after = items[index + 1] if index + 1 < len(items) else None
-        reply = after if field(after, "role") == "user" else None
+        # A user message is added to only when its content is text or blocks: any other
+        # content would not survive the copy.
+        reply = after if field(after, "role") == "user" and (
+            _blocks(after) is not None or isinstance(field(after, "content"), str)) else None
         answered = {found for block in _blocks(reply) or ()
                     if field(block, "type") == "tool_result"
                     and isinstance(found := field(block, "tool_use_id"), str)}

@@ -286,8 +286,9 @@ class ToolJournal:
 
     def call_status(self, call_id: str) -> CallStatus:
         """What this journal knows about the caller-given `call_id`: "not_run", "settled",
-        "in_doubt", "resolved" or "not_found" (walj.journal.CallStatus says what each holds and
-        when the journal can prove a call was not run). Writes nothing."""
+        "in_doubt", "resolved", "not_found", or an approval's state (walj.journal.CallStatus
+        says what each holds and when the journal can prove a call was not run). Writes
+        nothing of its own."""
         self._core.check_open()
         return _call_status.call_status(self._core, call_id)
 
