@@ -54,6 +54,8 @@ from ._records import (
 from ._session_resolve import (
     DEFAULT_WAIT,
     SessionResolution,
+    approve_session,
+    deny_session,
     known_ids,
     request_release,
     resolve_session,
@@ -63,6 +65,6 @@ from ._tools import Tool, ToolContext, ToolResult, handle_function_calls
 
 __all__ = ["DEFAULT_WAIT", "Approval", "Blocker", "CallStatus", "CompactReport", "Cut",
            "ExecutionEnd", "IncompleteTurn", "PendingLLMCall", "Recovery", "Resolution",
-           "SessionResolution", "Tool", "ToolContext",
-           "ToolJournal", "ToolObserver", "ToolResult", "end_idle", "handle_function_calls",
+           "SessionResolution", "Tool", "ToolContext", "ToolJournal", "ToolObserver",
+           "ToolResult", "approve_session", "deny_session", "end_idle", "handle_function_calls",
            "known_ids", "request_release", "resolve_session", "resolve_session_turn"]
