@@ -322,3 +322,27 @@ def test_calls_that_need_approval_are_repaired_as_not_run_with_the_approval_they
         "c_late": (f"This call was not run: its approval ({asked['c_late']}) expired before it "
                    "ran."),
         "c_ran": "sent"}
+
+
+def test_hostile_messages_stay_as_they_are_and_a_call_without_an_id_is_a_clear_error(
+        journal: walj.ToolJournal) -> None:
+    from walj.integrations import anthropic, openai
+
+    odd: list[Any] = [42, "text", None, {"role": "assistant", "tool_calls": "not a list"},
+                      {"role": "tool", "tool_call_id": ["not", "an", "id"]},
+                      {"type": "function_call_output", "call_id": {"a": 1}}]
+    assert openai.repair_messages(odd, journal) == odd
+    assert anthropic.repair_messages(odd, journal) == odd
+    strange = {"role": "user", "content": 42}  # neither text nor blocks: kept, not copied
+    repaired = anthropic.repair_messages(
+        [{"role": "assistant", "content": [{"type": "tool_use", "id": "call_never",
+                                            "name": "t", "input": {}}]}, strange], journal)
+    assert repaired[1] == {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "call_never",
+         "content": "This call was not run, so it has no result.", "is_error": True}]}
+    assert repaired[2] is strange
+    with pytest.raises(ValueError, match="has no id"):
+        openai.repair_messages([{"role": "assistant", "tool_calls": [{"id": ["x"]}]}], journal)
+    with pytest.raises(ValueError, match="has no id"):
+        anthropic.repair_messages([{"role": "assistant", "content": [{"type": "tool_use"}]}],
+                                  journal)
