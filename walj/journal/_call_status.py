@@ -51,7 +51,7 @@ class CallStatus:
       did not store outputs) and `output_preview` shows it redacted;
     - "in_doubt": it started and did not finish (`state` "started" or "ambiguous"; `error` the
       type of what interrupted it, when recorded): its outcome is unknown and it blocks until
-      resolved;
+      resolved (a call running now in this process reads "started" too);
     - "resolved": it was in doubt and a person, policy or reconcile hook settled it:
       `outcome` ("succeeded", "failed", "not_performed", "rerun"), `actor`, `note`, and the
       resolution's `output` if it gave one. One closed by not_performed or rerun is found by
