@@ -130,6 +130,30 @@ def test_a_call_id_beyond_the_replay_window_is_not_found_never_not_run(tmp_path:
         assert journal.call_status("c9").status == "not_run"
 
 
+def test_a_call_whose_records_damage_may_have_taken_is_not_found_never_not_run(
+        tmp_path: Path) -> None:
+    from cli_helpers import walj_cli
+
+    path = tmp_path / "j"
+    with walj.ToolJournal.open(path, sync="never", segment_bytes=4096) as journal:
+        for n in range(30):
+            with journal.turn() as turn:
+                turn.dispatch("send", {"to": f"u{n}@example.com"}, call_id=f"c{n}",
+                              handler=lambda to: to)
+    first = sorted(path.glob("*.jsonl"))[0]
+    data = bytearray(first.read_bytes())
+    data[data.index(b"u3@example.com")] ^= 0x01  # damage no crash leaves: `walj repair` cuts it
+    first.write_bytes(bytes(data))
+    assert walj_cli("repair", path).code == 0
+    with walj.ToolJournal.open(path) as journal:
+        assert any(not cut.explained for cut in journal.recovery.cuts)
+        # The cut took c3's records and everything after them.
+        for call_id in ("c3", "c29", "never-dispatched"):
+            status = journal.call_status(call_id)
+            assert (status.status, status.reason) == ("not_found", "log_damage")
+        assert journal.call_status("c2").status == "settled"  # its records are whole
+
+
 # --- OpenAI -------------------------------------------------------------------------------------
 
 
