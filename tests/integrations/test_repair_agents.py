@@ -22,6 +22,8 @@ pytest.importorskip("agents")
 
 from agents import SQLiteSession  # noqa: E402
 
+from walj.integrations.openai_agents import repaired_session  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 CHILD = HERE / "openai_agents_child.py"
@@ -93,3 +95,12 @@ def test_killed_inside_the_tool_the_session_shows_the_call_in_doubt_then_resolve
     second.stdin.close()
     assert second.wait(HANG) == 0
     assert ledger.read_text() == "charge 42\n"  # never run again
+    session = SQLiteSession("conversation-1", str(tmp_path / "session.db"))
+    with walj.ToolJournal.open(tmp_path / "journal") as journal:
+        read = repaired_session(session, journal)
+        assert read.session_id == "conversation-1" and read.session is session
+        with pytest.raises(TypeError, match="Agents SDK Session"):
+            repaired_session(object(), journal)
+    with pytest.raises(TypeError, match="walj.ToolJournal"):
+        repaired_session(session, tmp_path)  # type: ignore[arg-type]
+    session.close()
