@@ -111,6 +111,7 @@ from .errors import (  # noqa: E402
 from .journal import (  # noqa: E402
     Approval,
     Blocker,
+    CallStatus,
     CompactReport,
     Cut,
     ExecutionEnd,
@@ -136,6 +137,7 @@ __all__ += [
     "Approval",
     "ApprovalError",
     "Blocker",
+    "CallStatus",
     "CompactReport",
     "Cut",
     "ExecutionEnd",

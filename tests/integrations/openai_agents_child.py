@@ -3,7 +3,8 @@
     python openai_agents_child.py JOURNAL_DIR SESSION_DB LEDGER
 
 Reads one JSON command a line from stdin: {"tool": "append_line" | "count_lines", "call_id",
-"kill": null | "in_tool" | "after_tool"}. Each command is one `Runner.run` on the same
+"kill": null | "in_tool" | "after_tool", "repair": bool (optional: the Session is read through
+`repaired_session`)}. Each command is one `Runner.run` on the same
 file-backed SQLiteSession, bracketed by `journaled_run`, with the journal opened for the run
 and closed after it (so the test can run `walj resolve` between two commands). Prints one JSON
 line per finished run: {"final", "outputs", "model_inputs"}.
@@ -32,7 +33,7 @@ from agents.testing import ModelCall, ModelStep, ScriptedModel, assistant_messag
 from agents.tracing import set_tracing_disabled
 
 import walj
-from walj.integrations.openai_agents import journal_tools, journaled_run
+from walj.integrations.openai_agents import journal_tools, journaled_run, repaired_session
 
 set_tracing_disabled(True)
 
@@ -99,8 +100,9 @@ async def run(journal_dir: str, session_db: str, ledger: Path, command: dict[str
         if kill == "after_tool":
             tools = [killing_after(t) for t in tools]
         agent = Agent(name="billing", instructions="Bill.", model=model, tools=tools)
+        read = repaired_session(session, journal) if command.get("repair") else session
         async with journaled_run(journal):
-            result = await Runner.run(agent, f"please {tool}", session=session)
+            result = await Runner.run(agent, f"please {tool}", session=read)
     session.close()
     outputs = [str(item.output) for item in result.new_items
                if item.type == "tool_call_output_item"]

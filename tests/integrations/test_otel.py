@@ -219,7 +219,7 @@ def test_function_calls_each_get_a_span_named_by_their_call_id(
     assert [s.status.status_code for s in spans] == [StatusCode.UNSET, StatusCode.ERROR]
 
 
-def test_a_replayed_call_is_marked_and_names_the_settled_execution_a_refused_one_errs(
+def test_a_replayed_call_makes_no_span_but_an_event_and_a_refused_one_is_a_marked_error_span(
         tmp_path: Path, traced: Traced) -> None:
     async def send(x: int) -> int:
         return x * 10
@@ -228,22 +228,29 @@ def test_a_replayed_call_is_marked_and_names_the_settled_execution_a_refused_one
         with walj.ToolJournal.open(tmp_path / "j", store_outputs=True) as journal:
             instrument(journal, tracer_provider=traced.provider)
             async with journal.turn() as turn:
-                return [await turn.adispatch("send", {"x": x}, call_id="c1", handler=send)
-                        for x in (1, 1, 2)]
+                with traced.tracer.start_as_current_span("agent turn"):
+                    done = [await turn.adispatch("send", {"x": x}, call_id="c1", handler=send)
+                            for x in (1, 1, 2)]
+                # No span current: a replayed answer leaves no trace at all.
+                done.append(await turn.adispatch("send", {"x": 1}, call_id="c1", handler=send))
+                return done
 
-    first, again, other = asyncio.run(main())
+    first, again, other, unseen = asyncio.run(main())
+    assert again.replayed and unseen.replayed and other.outcome == "refused"
     spans = traced.spans("execute_tool send")
-    assert [dict(s.attributes or {}).get("walj.outcome") for s in spans] == ["ok", "ok",
-                                                                             "refused"]
-    plain, replayed, refused = (dict(s.attributes or {}) for s in spans)
-    assert "walj.replayed" not in plain and replayed["walj.replayed"] is True
-    assert replayed["walj.execution_id"] == again.execution_id == first.execution_id
-    assert replayed["walj.idempotency_key"] == plain["walj.idempotency_key"]
-    assert spans[1].status.status_code is StatusCode.UNSET
-    assert refused["walj.execution_id"] == other.execution_id and other.outcome == "refused"
+    assert [dict(s.attributes or {}).get("walj.outcome") for s in spans] == ["ok", "refused"]
+    plain, refused = (dict(s.attributes or {}) for s in spans)
+    assert "walj.replayed" not in plain and refused["walj.replayed"] is True
+    assert refused["walj.execution_id"] == other.execution_id
     assert refused["error.type"] == "refused"
-    assert spans[2].status.status_code is StatusCode.ERROR
-    assert spans[2].status.description == other.error
+    assert spans[1].status.status_code is StatusCode.ERROR
+    assert spans[1].status.description == other.error
+    (event,) = traced.one("agent turn").events
+    assert event.name == "walj.replayed" and dict(event.attributes or {}) == {
+        "gen_ai.tool.name": "send", "gen_ai.tool.call.id": "c1",
+        "walj.execution_id": first.execution_id, "walj.outcome": "ok",
+        "walj.log_id": plain["walj.log_id"], "walj.replayed": True}
+    assert len(traced.spans()) == 3  # the two executions' and the agent's: nothing else
 
 
 def test_undo_stops_the_spans_and_bad_arguments_are_refused(

@@ -23,12 +23,13 @@ from typing import Any
 
 import walj
 
+from ._repair import repair_anthropic
 from ._require import require
 from ._shared import blocked_message, field, named_call, output_text
 
 require("anthropic", "anthropic")
 
-__all__ = ["handle_tool_uses"]
+__all__ = ["handle_tool_uses", "repair_messages"]
 
 
 def handle_tool_uses(
@@ -107,3 +108,14 @@ def _tool_result(block: Any, result: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(toolset, str):
         answer["toolset_name"] = toolset
     return answer
+
+
+def repair_messages(messages: Any, journal: walj.ToolJournal) -> list[Any]:
+    """A copy of an Anthropic Messages history in which every `tool_use` block without a
+    `tool_result` gets the journal's truthful one (docs/INTEGRATIONS.md, "Transcripts repaired
+    from the journal"): added first in the user message that follows the assistant's (a
+    copy of it), or in a new user message right after it. Messages that have their results
+    are kept as they are (the same objects); `messages` is not changed. Idempotent.
+    TypeError when `messages` is not a list of messages, ValueError for a tool_use block
+    without an id."""
+    return repair_anthropic(messages, journal)

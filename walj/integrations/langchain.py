@@ -54,12 +54,15 @@ from ._langchain_answers import (
     sync_tool,
 )
 from ._langchain_ask import BLOCKED_KIND, checkpointed, payload, payload_before, resolve
+from ._repair import Answer, Call, call_id_of, repair_separate
 from ._require import require
-from ._shared import BlockedMessage, blocked_answer, check_blocked_message
+from ._shared import BlockedMessage, blocked_answer, check_blocked_message, field
 
 _middleware_types = require("langchain.agents.middleware.types", "langchain")
 _lg_types = require("langgraph.types", "langchain")
 _lg_errors = require("langgraph.errors", "langchain")
+
+from langchain_core.messages import AIMessage, ToolMessage  # noqa: E402 - after the check
 
 if TYPE_CHECKING:
     from langchain.agents.middleware.types import AgentMiddleware
@@ -347,5 +350,33 @@ class WaljMiddleware(_Base):
         return None
 
 
+def repair_messages(messages: Any, journal: walj.ToolJournal) -> list[Any]:
+    """A copy of a LangChain message list in which every tool call of an AIMessage without a
+    ToolMessage gets the journal's truthful one (docs/INTEGRATIONS.md, "Transcripts repaired
+    from the journal"): a ToolMessage (status "error" unless the call completed) right after
+    the AIMessage and the ToolMessages that follow it. Messages that have their results, and
+    every other message, are kept as they are (the same objects); `messages` is not changed.
+    Idempotent. TypeError when `messages` is not a list of messages, ValueError for a tool
+    call without an id."""
+    return repair_separate(messages, journal, _tool_calls_of, _tool_message_of,
+                           _repaired_tool_message)
+
+
+def _tool_calls_of(message: Any, index: int) -> list[Call]:
+    if not isinstance(message, AIMessage):
+        return []
+    return [Call(call_id_of(call, "id", "a tool call", index), field(call, "name"), "langchain")
+            for call in message.tool_calls]
+
+
+def _tool_message_of(message: Any) -> str | None:
+    return message.tool_call_id if isinstance(message, ToolMessage) else None
+
+
+def _repaired_tool_message(call: Call, answer: Answer) -> ToolMessage:
+    return ToolMessage(content=answer.text, tool_call_id=call.call_id, name=call.name,
+                       status="error" if answer.is_error else "success")
+
+
 __all__ = ["BLOCKED_KIND", "RESUMED_STEP_ACTOR", "OnBlocked", "ToolMessageError",
-           "WaljMiddleware", "resolve", "thread_id_of"]
+           "WaljMiddleware", "repair_messages", "resolve", "thread_id_of"]

@@ -25,12 +25,13 @@ from typing import Any
 
 import walj
 
+from ._repair import Answer, Call, call_id_of, repair_separate
 from ._require import require
 from ._shared import blocked_message, field, named_call, output_text
 
 require("openai", "openai")
 
-__all__ = ["handle_response_calls", "BLOCKED_PREFIX", "ERROR_PREFIX"]
+__all__ = ["handle_response_calls", "repair_messages", "BLOCKED_PREFIX", "ERROR_PREFIX"]
 
 BLOCKED_PREFIX = "not run: "
 ERROR_PREFIX = "error: "
@@ -86,3 +87,43 @@ def _output(result: Mapping[str, Any]) -> str:
     if blocked is not None:
         return BLOCKED_PREFIX + blocked
     return ERROR_PREFIX + str(result["error"])
+
+
+def repair_messages(messages: Any, journal: walj.ToolJournal) -> list[Any]:
+    """A copy of an OpenAI history in which every tool call without a result gets the
+    journal's truthful one (docs/INTEGRATIONS.md, "Transcripts repaired from the journal").
+    Each message or item is read as the shape it is: a Chat Completions assistant message's
+    `tool_calls` are answered by `{"role": "tool", "tool_call_id", "content"}` messages right
+    after it; a Responses `function_call` item by a `{"type": "function_call_output",
+    "call_id", "output"}` item right after it. Messages that have their results, and every
+    other message, are kept as they are (the same objects); `messages` is not changed.
+    Idempotent. TypeError when `messages` is not a list of messages, ValueError for a tool
+    call without an id."""
+    return repair_separate(messages, journal, _calls_of, _result_of, _repaired_result)
+
+
+def _calls_of(message: Any, index: int) -> list[Call]:
+    if field(message, "type") == "function_call":
+        return [Call(call_id_of(message, "call_id", "a function_call item", index),
+                     field(message, "name"), "responses")]
+    calls = field(message, "tool_calls") if field(message, "role") == "assistant" else None
+    if not isinstance(calls, Sequence) or isinstance(calls, (str, bytes, bytearray)):
+        return []
+    return [Call(call_id_of(call, "id", "a tool call", index), None, "chat") for call in calls]
+
+
+def _result_of(message: Any) -> str | None:
+    if field(message, "type") == "function_call_output":
+        found = field(message, "call_id")
+    elif field(message, "role") == "tool":
+        found = field(message, "tool_call_id")
+    else:
+        return None
+    return found if isinstance(found, str) else None
+
+
+def _repaired_result(call: Call, answer: Answer) -> dict[str, Any]:
+    text = ERROR_PREFIX + answer.text if answer.failed else answer.text
+    if call.shape == "responses":
+        return {"type": "function_call_output", "call_id": call.call_id, "output": text}
+    return {"role": "tool", "tool_call_id": call.call_id, "content": text}

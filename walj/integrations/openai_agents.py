@@ -66,6 +66,8 @@ if TYPE_CHECKING:
 
 require("agents", "openai-agents")  # first: a missing SDK fails here, naming the extra
 _tool = require("agents.tool", "openai-agents")
+from ._agents_repair import RepairedSession, repaired_session  # noqa: E402 - after the check
+
 # The failure policy of a built FunctionTool lives in these two fields (openai-agents 0.24):
 # an SDK without them cannot be made to let a tool's exception through to walj.
 if not {"_failure_error_function", "_use_default_failure_error_function"} <= set(
@@ -73,8 +75,8 @@ if not {"_failure_error_function", "_use_default_failure_error_function"} <= set
     raise ImportError("walj.integrations.openai_agents needs openai-agents 0.24 or newer: "
                       "pip install 'walj[openai-agents]'")
 
-__all__ = ["BLOCKED_PREFIX", "ERROR_PREFIX", "LiveTurn", "WaljSessions", "journal_tools",
-           "journaled_run"]
+__all__ = ["BLOCKED_PREFIX", "ERROR_PREFIX", "LiveTurn", "RepairedSession", "WaljSessions",
+           "journal_tools", "journaled_run", "repaired_session"]
 
 BLOCKED_PREFIX = "not run: "
 ERROR_PREFIX = "error: "

@@ -32,11 +32,13 @@ _applied (the ids of answered
 resolution requests), _requests (applying resolution requests other processes leave),
 _session_resolve (resolve_session: resolving from outside a live writer), _observe (the
 observer hook: tracing and metrics), _sessions (session ids to directory names), _opening (the
-log opened from its last checkpoint), _journal (ToolJournal).
+log opened from its last checkpoint), _journal (ToolJournal), _call_status (what the journal
+knows about one call id).
 """
 
 from __future__ import annotations
 
+from ._call_status import CallStatus
 from ._compact import CompactReport
 from ._journal import ToolJournal, end_idle
 from ._observe import ExecutionEnd, ToolObserver
@@ -61,9 +63,8 @@ from ._session_resolve import (
 )
 from ._tools import Tool, ToolContext, ToolResult, handle_function_calls
 
-__all__ = ["DEFAULT_WAIT", "Approval", "Blocker", "CompactReport", "Cut", "ExecutionEnd",
-           "IncompleteTurn",
-           "PendingLLMCall", "Recovery", "Resolution", "SessionResolution", "Tool", "ToolContext",
-           "ToolJournal", "ToolObserver", "ToolResult", "approve_session", "deny_session",
-           "end_idle", "handle_function_calls",
+__all__ = ["DEFAULT_WAIT", "Approval", "Blocker", "CallStatus", "CompactReport", "Cut",
+           "ExecutionEnd", "IncompleteTurn", "PendingLLMCall", "Recovery", "Resolution",
+           "SessionResolution", "Tool", "ToolContext", "ToolJournal", "ToolObserver",
+           "ToolResult", "approve_session", "deny_session", "end_idle", "handle_function_calls",
            "known_ids", "request_release", "resolve_session", "resolve_session_turn"]

@@ -12,7 +12,8 @@ from types import MappingProxyType, TracebackType
 from typing import Any, ClassVar
 
 from ..errors import ApprovalError, WaljError
-from . import _approvals, _compact, _requests, _resolve, _writes
+from . import _approvals, _call_status, _compact, _requests, _resolve, _writes
+from ._call_status import CallStatus
 from ._callindex import DEFAULT_REPLAY_WINDOW
 from ._compact import Archiver, CompactReport
 from ._core import Core
@@ -282,6 +283,14 @@ class ToolJournal:
         self._core.check_not_ended()
         live = self._core.live_turn()
         return LLMCall(self._core, live.sequence if live is not None else None, model, request)
+
+    def call_status(self, call_id: str) -> CallStatus:
+        """What this journal knows about the caller-given `call_id`: "not_run", "settled",
+        "in_doubt", "resolved", "not_found", or an approval's state (walj.journal.CallStatus
+        says what each holds and when the journal can prove a call was not run). Writes
+        nothing of its own."""
+        self._core.check_open()
+        return _call_status.call_status(self._core, call_id)
 
     def handle_function_calls(
         self, calls: Sequence[Any], registry: Any = None
