@@ -99,6 +99,7 @@ __all__ = [
 # --- the journal ---
 
 from .errors import (  # noqa: E402
+    ApprovalError,
     ResolutionError,
     SessionEndedError,
     ToolBlocked,
@@ -108,6 +109,7 @@ from .errors import (  # noqa: E402
     UnknownToolError,
 )
 from .journal import (  # noqa: E402
+    Approval,
     Blocker,
     CompactReport,
     Cut,
@@ -129,6 +131,8 @@ from .journal import (  # noqa: E402
 )
 
 __all__ += [
+    "Approval",
+    "ApprovalError",
     "Blocker",
     "CompactReport",
     "Cut",

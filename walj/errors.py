@@ -92,6 +92,19 @@ class ResolutionError(WaljError, ValueError):
         self.reason = reason
 
 
+class ApprovalError(WaljError):
+    """An approval was refused or cannot be given; `reason` says why and nothing was written.
+
+    Reasons: "unknown" (no such approval id), "not_pending" (already decided or consumed),
+    "call_id_required" (a call that needs approval was dispatched without a call id),
+    "bad_expiry", and those of a resolution's signature: "bad_actor", "note_required".
+    """
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 class UnknownToolError(WaljError, LookupError):
     """Dispatch named a tool that is not registered and no handler was given; nothing written."""
 

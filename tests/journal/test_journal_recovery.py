@@ -263,7 +263,8 @@ def test_recovery_and_fingerprint_need_only_the_standard_library(tmp_path: Path)
     lines = out.stdout.splitlines()
     assert lines[0] == "started"
     assert lines[1] == str(sorted([
-        "walj", "walj.journal", "walj.journal._applied", "walj.journal.state",
+        "walj", "walj.journal", "walj.journal._applied", "walj.journal._approvalbook",
+        "walj.journal.state",
         "walj.journal._records", "walj.journal.records",
         "walj.journal._damage", "walj.journal._fingerprint",
         "walj.journal._callindex", "walj.journal._openwork", "walj.journal._checkpoint",

@@ -30,7 +30,14 @@ def _written() -> list[dict[str, Any]]:
     finished = _writes.finished(ID, "ok", DIGEST, None)
     _writes.store_output(finished, {"sent": True}, 1000)
     blocker = Blocker(ID, "send", "call-1", rc.STATE_AMBIGUOUS, 3, None, None)
+    approved_intent = _writes.intent(ID, 3, "send", "call-1", DIGEST, "k" * 32, {"to": "ann"})
+    _writes.name_approval(approved_intent, "apv-" + "a" * 32)
+    decided = _writes.approval_decided("apv-" + "a" * 32, "approved", "ann", None, 2e9)
+    decided["request"], decided["at"] = "r-3", 1.0  # as a request's answer sets them
     return [
+        approved_intent, decided,
+        _writes.approval_requested("apv-" + "a" * 32, 3, "send", "call-1", DIGEST, "k" * 32,
+                                   "w" * 16),
         _writes.session_ended_record(), _writes.turn_record(rc.TURN_STARTED, 3),
         _writes.turn_record(rc.TURN_COMPLETED, 3), _writes.turn_resolved(3, "ann", "done"),
         intent, finished, _writes.finished(ID, "error", None, error),

@@ -26,7 +26,9 @@ LLM call in flight), _core (the locked writer and the live-state table, behind t
 operations turns, LLM calls, replay, resolution, requests and compaction use), _aio (blocking
 steps from asyncio), _replay (answering a settled call id from its record), _dispatch (one
 dispatch's steps and interrupt rules, sync and async), _turn (turns and dispatch), _llm
-(LLM-call brackets), _resolve (resolutions and policies), _applied (the ids of answered
+(LLM-call brackets), _resolve (resolutions and policies), _approvalbook (the approvals the
+state holds), _approvals (whether a call needs approval, what its dispatch answers, decisions),
+_applied (the ids of answered
 resolution requests), _requests (applying resolution requests other processes leave),
 _session_resolve (resolve_session: resolving from outside a live writer), _observe (the
 observer hook: tracing and metrics), _sessions (session ids to directory names), _opening (the
@@ -38,7 +40,15 @@ from __future__ import annotations
 from ._compact import CompactReport
 from ._journal import ToolJournal, end_idle
 from ._observe import ExecutionEnd, ToolObserver
-from ._records import Blocker, Cut, IncompleteTurn, PendingLLMCall, Recovery, Resolution
+from ._records import (
+    Approval,
+    Blocker,
+    Cut,
+    IncompleteTurn,
+    PendingLLMCall,
+    Recovery,
+    Resolution,
+)
 from ._session_resolve import (
     DEFAULT_WAIT,
     SessionResolution,
@@ -49,7 +59,8 @@ from ._session_resolve import (
 )
 from ._tools import Tool, ToolContext, ToolResult, handle_function_calls
 
-__all__ = ["DEFAULT_WAIT", "Blocker", "CompactReport", "Cut", "ExecutionEnd", "IncompleteTurn",
+__all__ = ["DEFAULT_WAIT", "Approval", "Blocker", "CompactReport", "Cut", "ExecutionEnd",
+           "IncompleteTurn",
            "PendingLLMCall", "Recovery", "Resolution", "SessionResolution", "Tool", "ToolContext",
            "ToolJournal", "ToolObserver", "ToolResult", "end_idle", "handle_function_calls",
            "known_ids", "request_release", "resolve_session", "resolve_session_turn"]

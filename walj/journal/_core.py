@@ -253,11 +253,13 @@ class Core:
         with self._lock:
             self._reserved.add(execution_id)
 
-    def begin(self, started: dict[str, Any], execution_id: str, *,
-              reserved: bool = False) -> tuple[Any, ...] | None:
+    def begin(self, started: dict[str, Any], execution_id: str, *, reserved: bool = False,
+              admit: Callable[[], Any] | None = None) -> Any:
         """Durably write the intent and make the execution live, unless dispatch is blocked:
         then write tool_execution_blocked and return the blockers. One atomic step. With
-        `reserved`, only while the reservation stands: a caller that gave up took it back."""
+        `reserved`, only while the reservation stands: a caller that gave up took it back.
+        `admit()`, asked once not blocked: None lets the intent be written, else it is
+        returned instead (an approval's answer)."""
 
         def live(seq: int) -> None:
             abandoned = self._abandoned.pop(execution_id, None)
@@ -283,6 +285,8 @@ class Core:
                 if blockers is not None:
                     self.write(_writes.blocked_record(started, blockers), durable=False)
                     return blockers
+                if admit is not None and (answer := admit()) is not None:
+                    return answer
                 self.write(started, durable=True, on_fed=live)
                 self.write_queued()
                 return None

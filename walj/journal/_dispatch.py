@@ -10,8 +10,8 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import UnknownToolError
-from . import _replay, _writes
+from ..errors import ApprovalError, UnknownToolError
+from . import _approvals, _replay, _writes
 from ._core import Core
 from ._fingerprint import (
     FAST_CANONICAL,
@@ -85,12 +85,17 @@ class Dispatch:
     interrupt stopped the wait for still runs to its end."""
 
     __slots__ = ("arguments", "call_id", "call_id_generated", "context", "core", "failure",
-                 "in_worker", "name", "record", "result", "seen", "stage", "started", "tool")
+                 "in_worker", "name", "needs_approval", "record", "result", "seen", "stage",
+                 "started", "tool")
 
     def __init__(self, core: Core, turn_sequence: int, call_number: int, name: Any,
                  arguments: Any, call_id: Any, handler: Any, digest: Digest | None, *,
-                 in_worker: bool) -> None:
+                 in_worker: bool, approval: Any = None) -> None:
         self.tool, self.arguments = _checked_call(core, name, arguments, call_id, handler)
+        self.needs_approval = _approvals.needed(self.tool, approval, self.arguments)
+        if self.needs_approval and call_id is None:
+            raise ApprovalError(f"tool {name!r} needs approval, and an approval is bound to a "
+                                "call id: pass call_id=", reason="call_id_required")
         if digest is None:
             digest = describe_arguments(self.arguments, core.options.arguments_chars,
                                         core.options.redactor, FAST_CANONICAL)
@@ -134,6 +139,19 @@ class Dispatch:
             self.seen.end(replayed, None)
         return replayed
 
+    def admit(self) -> ToolResult | None:
+        """With the write lock held, before the intent: None when the call may run (it needs no
+        approval, or its intent now names the one it consumes), else the approval's answer."""
+        if not self.needs_approval:
+            return None
+        return _approvals.admit(self.core, self.context, self.arguments, self.started)
+
+    def not_begun(self, answer: Any) -> ToolResult:
+        """What a begin that wrote no intent answers: the blockers, or an approval's answer."""
+        if isinstance(answer, ToolResult):
+            return self.answered(answer)
+        return self.blocked(answer)
+
     def blocked(self, blockers: tuple[Any, ...]) -> ToolResult:
         """No handler ran: tell the caller (and the observers) what blocks (the blocked record
         is written)."""
@@ -153,7 +171,8 @@ class Dispatch:
             _writes.store_output(record, output, core.options.stored_output_limit)
         error = record["error"] if exc is not None else None
         return record, ToolResult(self.name, self.call_id, self.arguments, output, error,
-                                  outcome, self.execution_id)
+                                  outcome, self.execution_id, False,
+                                  self.started.get("approval_id"))
 
     def finish(self, outcome: str, output: Any, exc: Exception | None) -> None:
         """The terminal record and the result of a handler that returned or raised."""

@@ -11,8 +11,8 @@ from pathlib import Path
 from types import MappingProxyType, TracebackType
 from typing import Any, ClassVar
 
-from ..errors import WaljError
-from . import _compact, _requests, _resolve, _writes
+from ..errors import ApprovalError, WaljError
+from . import _approvals, _compact, _requests, _resolve, _writes
 from ._callindex import DEFAULT_REPLAY_WINDOW
 from ._compact import Archiver, CompactReport
 from ._core import Core
@@ -34,9 +34,9 @@ from ._options import (
     Options,
     output_limit,
 )
-from ._records import Recovery, Resolution
+from ._records import Approval, Recovery, Resolution
 from ._sessions import check_session_id, directory_name
-from ._tools import Tool, call_results, lookup, normalise_calls, tools_from
+from ._tools import Call, Tool, call_results, error_result, lookup, normalise_calls, tools_from
 from ._turn import Turn
 
 
@@ -299,8 +299,14 @@ class ToolJournal:
             return lookup(registry, name) if registry is not None else core.options.tools.get(name)
 
         def run(turn: Turn) -> list[dict[str, Any]]:
-            return call_results(normalised, find, lambda call, index, tool: turn._dispatch(
-                call.name, call.arguments, call.call_id, tool, call.digest).as_dict())
+            def one(call: Call, index: int, tool: Tool) -> dict[str, Any]:
+                try:
+                    return turn._dispatch(call.name, call.arguments, call.call_id, tool,
+                                          call.digest).as_dict()
+                except ApprovalError as exc:  # needs approval, but came without a call id
+                    return error_result(call, index, str(exc))
+
+            return call_results(normalised, find, one)
 
         live = self._core.live_turn()
         if isinstance(live, Turn):
@@ -332,6 +338,27 @@ class ToolJournal:
         """Settle an interrupted turn durably, so it no longer blocks dispatch."""
         self._core.check_open()
         return _resolve.resolve_turn(self._core, turn_sequence, note=note, actor=actor)
+
+    # --- approvals (docs/RECOVERY.md, "Approvals") ----------------------------------------------
+
+    def approve(self, approval_id: str, *, actor: str, note: str | None = None,
+                expires_at: float | None = None) -> Approval:
+        """Approve a pending request durably: its call may run once, with exactly the requested
+        tool and arguments, until `expires_at` (a unix time) if given. Refusals raise
+        ApprovalError and write nothing."""
+        self._core.check_open()
+        return _approvals.decide(self._core, approval_id, "approved", actor=actor, note=note,
+                                 expires_at=expires_at)
+
+    def deny(self, approval_id: str, *, actor: str, note: str | None = None) -> Approval:
+        """Deny a pending request durably: its call is never run."""
+        self._core.check_open()
+        return _approvals.decide(self._core, approval_id, "denied", actor=actor, note=note)
+
+    def approval(self, approval_id: str) -> Approval:
+        """The approval `approval_id` as it stands now; ApprovalError (unknown) if none."""
+        self._core.take_requests()
+        return _approvals.lookup(self._core, approval_id)
 
     # --- checkpoints and compaction -------------------------------------------------------------
 

@@ -98,6 +98,35 @@ class Resolution:
 
 
 @dataclass(frozen=True)
+class Approval:
+    """A person's approval of one tool call, bound to its session, call id, tool and
+    arguments' fingerprint (docs/RECOVERY.md, "Approvals"). `status`: "pending", "approved",
+    "denied" or "consumed" (an intent named it). An approved one whose `expires_at` has passed
+    is expired: it never lets the call run."""
+
+    approval_id: str
+    tool: str
+    call_id: str
+    arguments_sha256: str
+    arguments_preview: str | None
+    idempotency_key: str
+    turn_sequence: int | None
+    requested_by: str | None
+    requested_at: float | None
+    status: str
+    actor: str | None = None
+    note: str | None = None
+    decided_at: float | None = None
+    expires_at: float | None = None
+    execution_id: str | None = None
+
+    def expired(self, now: float) -> bool:
+        """Approved, with an expiry that has passed by `now`."""
+        return (self.status == "approved" and self.expires_at is not None
+                and self.expires_at <= now)
+
+
+@dataclass(frozen=True)
 class Recovery:
     """What an open journal found: dispatch is blocked while `blockers` is not empty."""
 
@@ -111,3 +140,5 @@ class Recovery:
     cuts: tuple[Cut, ...] = ()
     session_id: str | None = None  # as given to open_session (from its session_named record)
     ended: bool = False  # a session_ended record was written (ToolJournal.end)
+    approvals: tuple[Approval, ...] = ()  # approval requests still pending, oldest first
+    approved: tuple[Approval, ...] = ()  # approved and not yet consumed (may be expired)

@@ -9,6 +9,7 @@ from typing import Any
 
 from ..errors import CorruptionError
 from . import records as r
+from ._approvalbook import APPROVED, PENDING, ApprovalBook
 from ._checkpoint import CheckpointLoad
 from ._damage import CutLedger
 from ._openwork import OpenExecution, OpenTurn
@@ -41,6 +42,7 @@ class StateView:
     ended_seq: int | None
     loading: CheckpointLoad | None
     awaiting: bool
+    approvals: ApprovalBook
 
     def is_blocked(self, *, live_executions: Collection[str] = (), live_turn: int | None = None,
                    live_llm_calls: Collection[str] = (),
@@ -96,7 +98,9 @@ class StateView:
                         incomplete_turns=tuple(incomplete), pending_llm_calls=tuple(pending),
                         resolved=tuple(self.resolutions), records=self.records,
                         last_seq=self.last_seq, cuts=tuple(self.cuts.cuts.values()),
-                        session_id=self.session_id, ended=self.ended_seq is not None)
+                        session_id=self.session_id, ended=self.ended_seq is not None,
+                        approvals=self.approvals.with_status(PENDING),
+                        approved=self.approvals.with_status(APPROVED))
 
     def blocker(self, execution_id: str) -> Blocker:
         """The blocker view of an open execution (KeyError if it is not open)."""

@@ -53,12 +53,16 @@ class Tool:
     (safe to dispatch again). `reconcile(blocker)` is asked first and may answer "succeeded",
     "not_performed" or None (unknown). `guard(context)` runs after the intent is durable and
     before the handler; raising ToolBlocked or ToolCancelled there refuses the call.
+    `approval`: True when every call needs a person's approval, or `policy(arguments) -> bool`
+    deciding per call (one that raises or answers a non-bool: the call needs it); see
+    docs/RECOVERY.md, "Approvals".
     """
 
     handler: Callable[..., Any]
     on_ambiguous: str = "fail"
     reconcile: Reconcile | None = None
     guard: Callable[[ToolContext], Any] | None = None
+    approval: bool | Callable[[Mapping[str, Any]], Any] = False
     wants_context: bool = field(init=False, repr=False, compare=False, default=False)
     # Asked once here rather than on every dispatch (inspect's test is not cheap).
     is_async: bool = field(init=False, repr=False, compare=False, default=False)
@@ -74,6 +78,8 @@ class Tool:
             raise TypeError("reconcile must be callable or None")
         if self.guard is not None and not callable(self.guard):
             raise TypeError("guard must be callable or None")
+        if not isinstance(self.approval, bool) and not callable(self.approval):
+            raise TypeError("approval must be True, False or a callable policy(arguments)")
         object.__setattr__(self, "wants_context", takes_context(self.handler))
         object.__setattr__(self, "is_async", inspect.iscoroutinefunction(self.handler))
 
@@ -100,10 +106,13 @@ def tools_from(tools: Mapping[str, Any] | None) -> dict[str, Tool]:
 
 
 class ToolResult(NamedTuple):
-    """The result of one dispatch. `outcome` is "ok", "error", "cancelled", "blocked" or
-    "refused" (a settled call id that replay cannot answer: nothing ran). `replayed`: no
-    handler ran, the outcome was answered from the record of the settled call with this
-    call id, whose execution_id this is."""
+    """The result of one dispatch. `outcome` is "ok", "error", "cancelled", "blocked",
+    "refused" (a settled call id that replay cannot answer, or arguments other than the
+    approved ones: nothing ran), "awaiting_approval", "denied" or "approval_expired" (the
+    call needs approval: nothing ran, execution_id is ""). `replayed`: no handler ran, the
+    outcome was answered from the record of the settled call with this call id, whose
+    execution_id this is. `approval_id`: the approval the call awaits, was answered by, or
+    consumed to run."""
 
     name: str
     call_id: str
@@ -113,6 +122,7 @@ class ToolResult(NamedTuple):
     outcome: str
     execution_id: str
     replayed: bool = False
+    approval_id: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The five keys handle_function_calls returns."""

@@ -108,21 +108,24 @@ class Turn(TurnSlot):
     # --- dispatch -----------------------------------------------------------------------------
 
     def _prepare(self, name: Any, arguments: Any, call_id: Any, handler: Any,
-                 digest: Digest | None, *, in_worker: bool) -> Dispatch:
+                 digest: Digest | None, approval: Any, *, in_worker: bool) -> Dispatch:
         """Everything that can refuse a call, with nothing written yet."""
         self._check_live()
         self._calls += 1
         return Dispatch(self._core, self.sequence, self._calls, name, arguments, call_id,
-                        handler, digest, in_worker=in_worker)
+                        handler, digest, in_worker=in_worker, approval=approval)
 
     def dispatch(self, name: str, arguments: Mapping[str, Any], *, call_id: str | None = None,
-                 handler: Any = None) -> ToolResult:
-        """Run one tool call durably: intent fsynced, handler, terminal record fsynced."""
-        return self._dispatch(name, arguments, call_id, handler, None)
+                 handler: Any = None, approval: bool | None = None) -> ToolResult:
+        """Run one tool call durably: intent fsynced, handler, terminal record fsynced.
+        `approval=True`: this call needs a person's approval even if its tool does not (None
+        or False: the tool's rule); see docs/RECOVERY.md, "Approvals"."""
+        return self._dispatch(name, arguments, call_id, handler, None, approval)
 
     def _dispatch(self, name: str, arguments: Mapping[str, Any], call_id: str | None,
-                  handler: Any, digest: Digest | None) -> ToolResult:
-        run = self._prepare(name, arguments, call_id, handler, digest, in_worker=False)
+                  handler: Any, digest: Digest | None, approval: Any = None) -> ToolResult:
+        run = self._prepare(name, arguments, call_id, handler, digest, approval,
+                            in_worker=False)
         if run.tool.is_async:
             raise TypeError(f"tool {name!r} is async: use `await turn.adispatch(...)`")
         try:
@@ -130,9 +133,11 @@ class Turn(TurnSlot):
                 replayed = _replay.answer(self._core, run.context, run.arguments)
                 if replayed is not None:
                     return run.answered(replayed)
-            blockers = self._core.begin(run.started, run.execution_id)
+            if run.needs_approval:
+                self._core.take_requests()  # a decision left by another process counts
+            blockers = self._core.begin(run.started, run.execution_id, admit=run.admit)
             if blockers is not None:
-                return run.blocked(blockers)
+                return run.not_begun(blockers)
             run.stage = HANDLER
             try:
                 if run.tool.guard is not None:
@@ -160,11 +165,12 @@ class Turn(TurnSlot):
             raise
 
     async def adispatch(self, name: str, arguments: Mapping[str, Any], *,
-                        call_id: str | None = None, handler: Any = None) -> ToolResult:
+                        call_id: str | None = None, handler: Any = None,
+                        approval: bool | None = None) -> ToolResult:
         """As dispatch, awaiting async handlers; every fsync runs in a worker thread. A
         cancellation while the handler runs makes the execution block at once and writes
         tool_execution_ambiguous (in a worker), then re-raises the original CancelledError."""
-        run = self._prepare(name, arguments, call_id, handler, None, in_worker=True)
+        run = self._prepare(name, arguments, call_id, handler, None, approval, in_worker=True)
         core = self._core
         loop = asyncio.get_running_loop()
         try:
@@ -173,11 +179,14 @@ class Turn(TurnSlot):
                                                               run.arguments)
                 if replayed is not None:
                     return run.answered(replayed)
+            if run.needs_approval:
+                await in_worker(core.take_requests)  # a decision left by another process
             core.reserve(run.execution_id)
-            blockers = await in_worker(functools.partial(core.begin, reserved=True),
+            blockers = await in_worker(functools.partial(core.begin, reserved=True,
+                                                         admit=run.admit),
                                        run.started, run.execution_id)
             if blockers is not None:
-                return run.blocked(blockers)
+                return run.not_begun(blockers)
             run.stage = HANDLER
             try:
                 if run.tool.guard is not None:

@@ -187,3 +187,29 @@ def request_refused(request_id: str, request_kind: Any, target: Any, actor: Any,
 def released(request_id: str, actor: str, note: str | None) -> dict[str, Any]:
     """journal_released: the writer closed the journal at another process's request."""
     return new_record(rc.RELEASED, request=request_id, at=now(), actor=actor, note=note)
+
+
+def approval_requested(approval_id: str, turn_sequence: int, tool: str, call_id: str,
+                       digest: Digest, idempotency_key: str,
+                       requested_by: str | None) -> dict[str, Any]:
+    """tool_approval_requested: a call that needs approval asks for one; nothing ran."""
+    return new_record(rc.APPROVAL_REQUESTED, at=now(), approval_id=approval_id,
+                      turn_sequence=turn_sequence, tool=tool, call_id=call_id,
+                      arguments_sha256=digest.sha256, arguments_preview=digest.preview,
+                      idempotency_key=idempotency_key, requested_by=requested_by)
+
+
+def approval_decided(approval_id: str, decision: str, actor: str, note: str | None,
+                     expires_at: float | None) -> dict[str, Any]:
+    """tool_approval_decided: a person approved or denied a pending request."""
+    return new_record(rc.APPROVAL_DECIDED, at=now(), approval_id=approval_id,
+                      decision=decision, actor=actor, note=note, expires_at=expires_at)
+
+
+def name_approval(started: dict[str, Any], approval_id: str) -> None:
+    """The intent `started` consumes `approval_id`: the field goes where FIELDS puts it,
+    before the stored arguments."""
+    arguments = started.pop("arguments", None)
+    started["approval_id"] = approval_id
+    if arguments is not None:
+        started["arguments"] = arguments

@@ -17,7 +17,8 @@ from .. import _codec
 from ..errors import CorruptionError
 
 __all__ = [
-    "AMBIGUOUS", "BLOCKED", "CHECKPOINT", "CONTRACT_VERSION", "FIELDS", "FINISHED",
+    "AMBIGUOUS", "APPROVAL_DECIDED", "APPROVAL_REQUESTED", "BLOCKED", "CHECKPOINT",
+    "CONTRACT_VERSION", "FIELDS", "FINISHED",
     "FINISHED_PREFIX", "LLM_FINISHED", "LLM_RESOLVED", "LLM_STARTED", "LOG_CUT", "LOG_CUT_RESOLVED",
     "MAX_TIME", "MAX_TURN", "OUTPUT_DROPPED", "OUTPUT_NOT_STORABLE", "OUTPUT_TOO_LARGE",
     "RECONCILE_FAILED", "REFUSED", "REFUSED_ARGUMENTS_DIFFER", "REFUSED_OUTPUT_NOT_STORED",
@@ -42,8 +43,10 @@ __all__ = [
 # read as before.
 # Version 6 packs a checkpoint's settling records (settlings_zlib); older checkpoints read as
 # before.
-CONTRACT_VERSION = 6
-SUPPORTED_VERSIONS = frozenset({2, 3, 4, 5, CONTRACT_VERSION})
+# Version 7 added approvals: tool_approval_requested, tool_approval_decided, the intent's
+# `approval_id` and a checkpoint's `approval` item; older logs read as before.
+CONTRACT_VERSION = 7
+SUPPORTED_VERSIONS = frozenset({2, 3, 4, 5, 6, CONTRACT_VERSION})
 
 TURN_STARTED = "turn_started"
 TURN_COMPLETED = "turn_completed"
@@ -66,6 +69,8 @@ SESSION_ENDED = "session_ended"
 CHECKPOINT = "checkpoint"
 REQUEST_REFUSED = "resolution_refused"
 RELEASED = "journal_released"
+APPROVAL_REQUESTED = "tool_approval_requested"
+APPROVAL_DECIDED = "tool_approval_decided"
 
 # Every record the journal writes once the log has synced something since it was opened: the
 # seq through which the log's records were synced when this record was written (added last).
@@ -82,7 +87,7 @@ FIELDS: dict[str, tuple[str, ...]] = {
     TURN_COMPLETED: ("turn_sequence", "at"),
     TURN_RESOLVED: ("turn_sequence", "at", "actor", "note", "request"),
     STARTED: ("execution_id", "at", *_INTENT, "idempotency_key", "arguments_preview",
-              "arguments_length", "writer", "arguments"),
+              "arguments_length", "writer", "approval_id", "arguments"),
     FINISHED: ("execution_id", "at", "outcome", "error", "error_type", "output_sha256",
                "output_preview", "output_length", "output", "output_not_stored"),
     AMBIGUOUS: ("execution_id", "at", "error_type", "error"),
@@ -107,11 +112,16 @@ FIELDS: dict[str, tuple[str, ...]] = {
     CHECKPOINT: ("checkpoint_id", "part", "parts", "at", "items"),
     REQUEST_REFUSED: ("request", "at", "request_kind", "target", "actor", "reason", "error"),
     RELEASED: ("request", "at", "actor", "note"),
+    APPROVAL_REQUESTED: ("at", "approval_id", "turn_sequence", "tool", "call_id",
+                         "arguments_sha256", "arguments_preview", "idempotency_key",
+                         "requested_by"),
+    APPROVAL_DECIDED: ("at", "approval_id", "decision", "actor", "note", "expires_at",
+                       "request"),
 }
 
 # Records that carry the id of the request they answer (field `request`).
 REQUEST_ANSWERS = frozenset({RESOLVED, LLM_RESOLVED, TURN_RESOLVED, LOG_CUT_RESOLVED,
-                             REQUEST_REFUSED, RELEASED})
+                             REQUEST_REFUSED, RELEASED, APPROVAL_DECIDED})
 # The field that names what a record is about, by kind (turn records name a turn_sequence).
 SUBJECT = {kind: fields[0] for kind, fields in FIELDS.items()
            if fields[0] in ("execution_id", "llm_call_id", "quarantine_file")}

@@ -12,6 +12,7 @@ from typing import Any
 from ..errors import CorruptionError, UnsupportedVersionError
 from . import records as r
 from ._applied import AppliedRequests
+from ._approvalbook import ApprovalBook
 from ._callindex import DEFAULT_REPLAY_WINDOW, CallIndex
 from ._checkpoint import CheckpointLoad, decode_checkpoint, header
 from ._damage import CutLedger, unrecorded
@@ -49,6 +50,7 @@ class JournalState(StateView):
         self.resolutions: list[Resolution] = []
         self.cuts = CutLedger(self.resolutions, self)  # what recovery cut, and what of it blocks
         self.requests = AppliedRequests()  # resolution requests answered (recent ones)
+        self.approvals = ApprovalBook()
         self.max_turn = 0
         self.top: OpenTurn | None = None  # the latest unpaired turn start
         self.paired_turn: int | None = None  # the turn the last turn_completed completed
@@ -74,6 +76,8 @@ class JournalState(StateView):
             r.REFUSED: self._ignore, r.SESSION_NAMED: self._session_named,
             r.SESSION_ENDED: self._session_ended, r.CHECKPOINT: self._checkpoint,
             r.REQUEST_REFUSED: self._ignore, r.RELEASED: self._ignore,
+            r.APPROVAL_REQUESTED: self.approvals.requested,
+            r.APPROVAL_DECIDED: self.approvals.decided,
         }
 
     # --- feeding --------------------------------------------------------------------------------
@@ -104,9 +108,11 @@ class JournalState(StateView):
                 return
         elif data.startswith(STARTED_PREFIX):
             # The journal dispatches only in its one live turn, the latest started: look for
-            # that turn's tag rather than parse the number.
+            # that turn's tag rather than parse the number. While an approval waits to be
+            # consumed, intents are decoded: one may name it.
             top = self.top
-            if top is not None and (execution_id := peek_started(data, top.tag)) is not None:
+            if (top is not None and not self.approvals.unconsumed
+                    and (execution_id := peek_started(data, top.tag)) is not None):
                 self.records += 1
                 self.last_seq = seq
                 self.executions[execution_id] = OpenExecution(data, seq, top.sequence, top)
@@ -272,9 +278,11 @@ class JournalState(StateView):
                                            _opt_str(record, "note"), _time(record), seq))
 
     def _started(self, seq: int, record: Mapping[str, Any]) -> None:
+        execution_id = self._id(seq, record)
         self._open_execution(
-            self._id(seq, record),
-            OpenExecution(record, seq, r.turn_number(record.get("turn_sequence"))))
+            execution_id, OpenExecution(record, seq, r.turn_number(record.get("turn_sequence"))))
+        if "approval_id" in record:
+            self.approvals.consume(seq, record, execution_id)
 
     def _open_execution(self, execution_id: str, execution: OpenExecution) -> None:
         self.executions[execution_id] = execution
