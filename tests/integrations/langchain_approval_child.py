@@ -4,13 +4,14 @@ parent asks.
 
 Usage: python langchain_approval_child.py ROOT CHECKPOINTS EFFECTS MODE [ANSWER]
 
-MODE "start": a fresh run (it pauses on the approval's interrupt). MODE "resume": resume the
-thread from its checkpoint; with ANSWER, with Command(resume=json.loads(ANSWER)).
-MODE "kill_before_run": resume; an observer of the thread's journal prints "PARKED" and sleeps
-when send_refund's dispatch starts, before its intent, so the parent's SIGKILL lands after the
-approval and before the call runs. MODE "kill_after_run": resume; a middleware outside
+MODE "kill_before_run": a fresh run, which pauses on the approval's interrupt; the interrupt's
+value is written to EFFECTS + ".asked", then the thread is resumed with Command(resume=ANSWER
+given the request's approval_id) and an observer of the thread's journal prints "PARKED" and
+sleeps when send_refund's dispatch starts, before its intent: the parent's SIGKILL lands after
+the approval and before the call runs. MODE "kill_after_run": resume; a middleware outside
 WaljMiddleware parks once send_refund's call has returned through walj, before LangGraph saves
-that task's result. Prints one JSON line: the thread's messages and the pending interrupts.
+that task's result. MODE "resume": resume the thread from its checkpoint. Prints one JSON line:
+the thread's messages and the pending interrupts.
 """
 
 from __future__ import annotations
@@ -60,13 +61,18 @@ def main() -> None:
     outer = [ParkAfterRefund()] if mode == "kill_after_run" else []
     config = {"configurable": {"thread_id": THREAD}}
     with WaljMiddleware(root, approval={"send_refund": True}) as walj_mw:
-        if mode == "kill_before_run":
-            walj_mw.journal(THREAD).add_observer(ParkBeforeRefund())
         agent = lf.refund_agent(lf.refund_tools(effects), [*outer, walj_mw],
                                 lf.FileSaver(checkpoints))
-        given: Any = {"messages": [HumanMessage("refund order 42")]} if mode == "start" else None
-        if len(sys.argv) > 5:
-            given = Command(resume=json.loads(sys.argv[5]))
+        given: Any = None
+        if mode == "kill_before_run":
+            paused = agent.invoke({"messages": [HumanMessage("refund order 42")]}, config,
+                                  durability="sync")
+            [asked] = paused["__interrupt__"]
+            with open(effects + ".asked", "w", encoding="utf-8") as f:
+                json.dump(asked.value, f)
+            given = Command(resume={**json.loads(sys.argv[5]),
+                                    "approval_id": asked.value["approval_id"]})
+            walj_mw.journal(THREAD).add_observer(ParkBeforeRefund())
         agent.invoke(given, config, durability="sync")
         state = agent.get_state(config)
     print(json.dumps({

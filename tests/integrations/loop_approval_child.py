@@ -18,7 +18,6 @@ import json
 import os
 import sys
 import time
-from typing import Any
 
 import sdk_fakes as fx
 

@@ -72,16 +72,19 @@ def test_a_paused_call_runs_once_on_command_resume_and_only_for_its_own_request(
     tmp_path: Path
 ) -> None:
     runs: list[Any] = []
+    script = [AIMessage(content="", id="ai-0", tool_calls=[
+                  lf.call("call_l", "lookup", {"order": 1}),
+                  lf.call("call_s", "send", {"to": "ann", "cents": 700})]),
+              AIMessage(content="", id="ai-1", tool_calls=[
+                  lf.call("call_d", "send", {"to": "bob", "cents": 9})]),
+              AIMessage(content="Done.", id="ai-2")]
     with WaljMiddleware(tmp_path, approval={"send": True}) as walj_mw:
-        graph = graph_of(recording_tools(runs), walj_mw, InMemorySaver())
-        # One step, two calls: lookup runs, send pauses the graph with its request.
-        paused = graph.invoke(asks(lf.call("call_l", "lookup", {"order": 1}),
-                                   lf.call("call_s", "send", {"to": "ann", "cents": 700})),
-                              CONFIG)
+        agent = lf.refund_agent(recording_tools(runs), [walj_mw], InMemorySaver(), script)
+        # One step, two parallel tasks: lookup runs, send pauses the graph with its request.
+        paused = agent.invoke({"messages": [HumanMessage("pay ann")]}, CONFIG)
         [asked] = paused["__interrupt__"]
         request = asked.value
-        journal = walj_mw.journal(THREAD)
-        [pending] = journal.recovery.approvals
+        [pending] = walj_mw.journal(THREAD).recovery.approvals
         assert runs == [("lookup", 1)]
         assert (request["kind"], request["approval_id"], request["tool"], request["call_id"]) == (
             APPROVAL_KIND, pending.approval_id, "send", "call_s")
@@ -89,38 +92,41 @@ def test_a_paused_call_runs_once_on_command_resume_and_only_for_its_own_request(
         assert "ann" in request["arguments_preview"]
 
         # An answer naming another request decides nothing: asked again, saying why.
-        again = graph.invoke(Command(resume={"approval_id": "apv-" + "0" * 32,
+        again = agent.invoke(Command(resume={"approval_id": "apv-" + "0" * 32,
                                              "decision": "approve", "actor": "ann"}), CONFIG)
         assert "apv-" + "0" * 32 in again["__interrupt__"][0].value["problem"]
-        assert journal.approval(pending.approval_id).status == "pending" and runs == [
-            ("lookup", 1)]
+        assert walj_mw.journal(THREAD).approval(pending.approval_id).status == "pending"
+        assert runs == [("lookup", 1)]
 
-        # The right answer: the journal approves, and the resumed task runs the call once.
-        done = asyncio.run(graph.ainvoke(Command(resume={
+        # The right answer: the journal approves, and the resumed task runs the call once;
+        # the next step's call pauses in turn.
+        paused = asyncio.run(agent.ainvoke(Command(resume={
             "approval_id": pending.approval_id, "decision": "approve", "actor": "ann",
             "note": "checked the invoice"}), CONFIG))
         assert runs == [("lookup", 1), ("send", "ann", 700)]
-        assert tool_messages(done)[-1].content == "sent 700 to ann"
-        approval = journal.approval(pending.approval_id)
+        approval = walj_mw.journal(THREAD).approval(pending.approval_id)
         assert (approval.status, approval.actor, approval.note) == (
             "consumed", "ann", "checked the invoice")
-        # The step's turns completed (the paused one, and the resumed call's): nothing blocks.
-        assert not journal.recovery.blocked and not journal.recovery.incomplete_turns
-
-        # A denial answers the call with the approval answer; the tool never runs.
-        paused = graph.invoke(asks(lf.call("call_d", "send", {"to": "bob", "cents": 9})), CONFIG)
+        # Decided outside the graph (as `walj deny` does), then resumed: never run.
         denied_id = paused["__interrupt__"][0].value["approval_id"]
-        done = graph.invoke(Command(resume={"approval_id": denied_id, "decision": "deny",
-                                            "actor": "ann", "note": "not a customer"}), CONFIG)
+        walj_mw.release(THREAD)
+        with walj.ToolJournal.open_session(tmp_path, THREAD) as outside:
+            outside.deny(denied_id, actor="ann", note="not a customer")
+        done = agent.invoke(None, CONFIG)
+    assert done["messages"][-1].content == "Done."
     answer = tool_messages(done)[-1]
     assert answer.status == "error" and answer.artifact["status"] == "denied"
     assert json.loads(str(answer.content)) == answer.artifact
     assert (answer.artifact["approval_id"], answer.artifact["call_id"]) == (denied_id, "call_d")
     assert "not a customer" in answer.artifact["message"]
+    assert [m.content for m in tool_messages(done)[:2]] == ["order 1", "sent 700 to ann"]
     assert runs == [("lookup", 1), ("send", "ann", 700)]
-    intents = [r for r in records(walj.ToolJournal.session_path(tmp_path, THREAD))
-               if r["kind"] == STARTED and r["call_id"] == "call_s"]
+    path = walj.ToolJournal.session_path(tmp_path, THREAD)
+    intents = [r for r in records(path) if r["kind"] == STARTED and r["call_id"] == "call_s"]
     assert [r.get("approval_id") for r in intents] == [pending.approval_id]
+    # Every turn completed (the paused step's, the resumed call's): nothing blocks.
+    with walj.ToolJournal.open(path) as reopened:
+        assert not reopened.recovery.blocked and not reopened.recovery.incomplete_turns
 
 
 def test_without_a_checkpointer_the_call_is_answered_and_a_policy_decides_per_call(
@@ -189,18 +195,15 @@ def test_sigkill_after_the_approval_and_after_the_run_runs_the_call_once_as_appr
 ) -> None:
     effects = tmp_path / "effects.txt"
     path = walj.ToolJournal.session_path(tmp_path / "sessions", THREAD)
-    paused = run_child(tmp_path, "start")
-    [asked] = paused["interrupts"]
+    # The agent pauses on the request; the person's Command(resume=...) approves it, and the
+    # process is killed after the approval is durable and before the call's intent.
+    run_child(tmp_path, "kill_before_run", {"decision": "approve", "actor": "ann"})
+    asked = json.loads((tmp_path / "effects.txt.asked").read_text(encoding="utf-8"))
     assert (asked["kind"], asked["tool"], asked["call_id"]) == (
         APPROVAL_KIND, "send_refund", lf.REFUND_ID)
-    assert fx.effect_lines(effects) == []
-
-    # The person answers through Command(resume=...); killed after the approval is durable and
-    # before the call's intent.
-    run_child(tmp_path, "kill_before_run", {"approval_id": asked["approval_id"],
-                                            "decision": "approve", "actor": "ann"})
     with walj.ToolJournal.open_session(tmp_path / "sessions", THREAD) as journal:
-        assert journal.approval(asked["approval_id"]).status == "approved"
+        approval = journal.approval(asked["approval_id"])
+        assert (approval.status, approval.actor) == ("approved", "ann")
         assert not journal.recovery.blockers
     assert fx.effect_lines(effects) == []
 
@@ -217,7 +220,8 @@ def test_sigkill_after_the_approval_and_after_the_run_runs_the_call_once_as_appr
     [intent] = [r for r in data if r["kind"] == STARTED and r["call_id"] == lf.REFUND_ID]
     [requested] = [r for r in data if r["kind"] == "tool_approval_requested"]
     assert intent["approval_id"] == asked["approval_id"]
-    assert intent["arguments_sha256"] == requested["arguments_sha256"]
+    assert intent["arguments_sha256"] == requested["arguments_sha256"] == asked[
+        "arguments_sha256"]
     assert [r["call_id"] for r in data if r["kind"] == "tool_execution_replayed"] == [
         lf.REFUND_ID]
     with walj.ToolJournal.open_session(tmp_path / "sessions", THREAD) as journal:
