@@ -26,7 +26,7 @@ PROVIDERS = ("anthropic", "openai")
 
 
 def answer_calls(provider: str, calls: list[tuple[str, str, dict[str, Any]]], registry: Any,
-                 journal: walj.ToolJournal) -> list[tuple[str, bool]]:
+                 journal: walj.ToolJournal | None) -> list[tuple[str, bool]]:
     """The text of each tool result (and whether the provider marks it an error) for one
     response holding `calls` (call id, tool, arguments)."""
     if provider == "anthropic":
@@ -54,6 +54,10 @@ def test_the_model_gets_the_approval_answer_and_an_approved_call_runs_once(
 
     registry = {"pay": walj.Tool(pay, approval=True), "echo": lambda text: text}
     ann, bob, eve = {"to": "ann", "cents": 5}, {"to": "bob", "cents": 6}, {"to": "eve", "cents": 7}
+    with pytest.raises(ValueError, match="needs a journal"):  # nothing could wait: none runs
+        answer_calls(provider, [("c_echo", "echo", {"text": "hi"}), ("c_ann", "pay", ann)],
+                     registry, None)
+    assert runs == []
     with walj.ToolJournal.open(tmp_path / "j", store_outputs=True) as journal:
         # One response: echo runs, both pay calls wait; the model is told so, with the ids.
         first = answer_calls(provider, [("c_echo", "echo", {"text": "hi"}), ("c_ann", "pay", ann),

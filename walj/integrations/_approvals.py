@@ -41,6 +41,7 @@ def handle_calls(calls: Sequence[Any], registry: Any, journal: walj.ToolJournal 
     an approval rule answered it ("awaiting_approval", "denied", "approval_expired"), else
     None. Its five-key result dicts cannot tell such an answer from an error, the result can."""
     if journal is None:
+        _check_no_approval(calls, registry)
         return [(result, None) for result in walj.handle_function_calls(calls, registry)]
     seen = _ApprovalAnswers()
     journal.add_observer(seen)
@@ -55,6 +56,18 @@ def handle_calls(calls: Sequence[Any], registry: Any, journal: walj.ToolJournal 
                 and result["error"] == found.error)
         paired.append((result, found if same else None))
     return paired
+
+
+def _check_no_approval(calls: Sequence[Any], registry: Any) -> None:
+    """Without a journal nothing can wait for a person: a call of a tool with an approval rule
+    is refused, ValueError before anything runs, rather than run unapproved."""
+    if not isinstance(registry, Mapping):
+        return
+    for call in calls:
+        tool = registry.get(call.get("name")) if isinstance(call, Mapping) else None
+        if isinstance(tool, walj.Tool) and tool.approval is not False:
+            raise ValueError(f"tool {call['name']!r} needs approval, which needs a journal: "
+                             "pass one")
 
 
 def pending_request(journal: walj.ToolJournal, call_id: str) -> walj.Approval | None:
