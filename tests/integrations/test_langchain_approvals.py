@@ -107,11 +107,13 @@ def test_a_paused_call_runs_once_on_command_resume_and_only_for_its_own_request(
         approval = walj_mw.journal(THREAD).approval(pending.approval_id)
         assert (approval.status, approval.actor, approval.note) == (
             "consumed", "ann", "checked the invoice")
-        # Decided outside the graph (as `walj deny` does), then resumed: never run.
+        # Decided outside the graph while the middleware holds the journal (as `walj deny`
+        # does: a request the live journal applies), then resumed: never run.
         denied_id = paused["__interrupt__"][0].value["approval_id"]
-        walj_mw.release(THREAD)
-        with walj.ToolJournal.open_session(tmp_path, THREAD) as outside:
-            outside.deny(denied_id, actor="ann", note="not a customer")
+        path = walj.ToolJournal.session_path(tmp_path, THREAD)
+        asked_live = walj.deny_session(path, denied_id, actor="ann", note="not a customer",
+                                       wait=0)
+        assert asked_live.status == "queued"  # left for the live journal
         done = agent.invoke(None, CONFIG)
     assert done["messages"][-1].content == "Done."
     answer = tool_messages(done)[-1]
@@ -121,7 +123,6 @@ def test_a_paused_call_runs_once_on_command_resume_and_only_for_its_own_request(
     assert "not a customer" in answer.artifact["message"]
     assert [m.content for m in tool_messages(done)[:2]] == ["order 1", "sent 700 to ann"]
     assert runs == [("lookup", 1), ("send", "ann", 700)]
-    path = walj.ToolJournal.session_path(tmp_path, THREAD)
     intents = [r for r in records(path) if r["kind"] == STARTED and r["call_id"] == "call_s"]
     assert [r.get("approval_id") for r in intents] == [pending.approval_id]
     # Every turn completed (the paused step's, the resumed call's): nothing blocks.

@@ -134,9 +134,11 @@ def test_sigkill_after_the_approval_and_after_the_run_runs_the_call_once_as_appr
     said = json.loads(sent["content" if provider == "anthropic" else "output"])
     assert said["status"] == "awaiting_approval" and fx.effect_lines(effects) == []
 
-    # A person approves; the loop answers the call again and is killed before its intent.
-    with walj.ToolJournal.open(tmp_path / "j") as journal:
-        journal.approve(said["approval_id"], actor="ops", note="the customer is owed it")
+    # An operator approves from another process; the loop answers the call again and is
+    # killed before its intent.
+    approved = walj.approve_session(tmp_path / "j", said["approval_id"], actor="ops",
+                                    note="the customer is owed it")
+    assert approved.status == "applied"
     run_child(provider, tmp_path, "kill_before_run")
     assert fx.effect_lines(effects) == []
 
