@@ -48,7 +48,8 @@ def handle_tool_uses(
     `journal.handle_function_calls`, in the live turn or in a turn of its own; a message
     without `tool_use` blocks returns `[]` and writes nothing.
 
-    Raises ValueError, before anything runs, for a `tool_use` block without an id or a name.
+    Raises ValueError, before anything runs, for a `tool_use` block without an id or a name,
+    and, without a journal, for a call of a tool that needs approval (nothing could wait).
     What `walj.handle_function_calls` raises goes on: `walj.SerializationError` for arguments
     a program (not the model) built that JSON cannot hold; with a journal,
     `walj.ToolOutcomeUnknown` and interrupts, which leave the execution blocking.

@@ -54,8 +54,8 @@ def handle_response_calls(
     writes nothing.
 
     Raises ValueError, before anything runs, for a `function_call` item without a call_id or
-    a name. With a journal, `walj.ToolOutcomeUnknown` and interrupts go on, leaving the
-    execution blocking.
+    a name, and, without a journal, for a call of a tool that needs approval. With a journal,
+    `walj.ToolOutcomeUnknown` and interrupts go on, leaving the execution blocking.
     """
     calls = [item for item in _items(items) if field(item, "type") == "function_call"]
     if not calls:
