@@ -3,13 +3,14 @@ tests/integrations/test_openai_agents_approvals.py: one life of the application 
 
     python openai_agents_approval_child.py JOURNAL_DIR STATE LEDGER MODE
 
-MODE "ask": the run pauses on the approval; its RunState is saved to STATE and the child prints
+MODE "ask": the run pauses on the approval; its RunState is saved to STATE, and the life gives
 the walj approval id. MODE "approve_kill": the interruption is approved (`approve_interruption`:
 the journal first, then the state) and the process SIGKILLs itself before the state is saved or
 anything runs. MODE "approve_run_kill": STATE is approved again and run; a wrapper outside
 walj's SIGKILLs the process once the journaled tool returned. MODE "resume": an application
 starting again: the journal's decisions are carried into STATE (`apply_journal_decisions`) and
-the run finishes; the child prints its final output.
+the run finishes, giving its final output. A life that ends prints what it gives, as JSON; the
+test runs "ask" and "resume" in its own process.
 
 charge appends "charge <amount>" to LEDGER (fsynced) each time it runs.
 """
@@ -96,7 +97,8 @@ def save(path: Path, state: Any) -> None:
     os.replace(tmp, path)
 
 
-async def life(journal_dir: str, state_path: Path, ledger: Path, mode: str) -> None:
+async def life(journal_dir: str, state_path: Path, ledger: Path, mode: str) -> dict[str, Any]:
+    """One life of the application (the test runs "ask" and "resume" in its own process)."""
     with walj.ToolJournal.open(journal_dir, store_outputs=True) as journal:
         agent = make_agent(journal, ledger, kill_after=mode == "approve_run_kill")
         if mode == "ask":
@@ -104,9 +106,7 @@ async def life(journal_dir: str, state_path: Path, ledger: Path, mode: str) -> N
                 result = await Runner.run(agent, "charge 30")
             [item] = result.interruptions
             save(state_path, result.to_state())
-            print(json.dumps({"approval_id": interruption_approval(item, journal).approval_id}),
-                  flush=True)
-            return
+            return {"approval_id": interruption_approval(item, journal).approval_id}
         state = await RunState.from_string(agent, state_path.read_text(encoding="utf-8"))
         if mode == "resume":
             apply_journal_decisions(state, journal)
@@ -117,12 +117,13 @@ async def life(journal_dir: str, state_path: Path, ledger: Path, mode: str) -> N
                 os.kill(os.getpid(), signal.SIGKILL)
         async with journaled_run(journal):
             result = await Runner.run(agent, state)
-        print(json.dumps({"final": result.final_output}), flush=True)
+        return {"final": result.final_output}
 
 
 def main() -> None:
     journal_dir, state_path, ledger, mode = sys.argv[1:5]
-    asyncio.run(life(journal_dir, Path(state_path), Path(ledger), mode))
+    print(json.dumps(asyncio.run(life(journal_dir, Path(state_path), Path(ledger), mode))),
+          flush=True)
 
 
 if __name__ == "__main__":

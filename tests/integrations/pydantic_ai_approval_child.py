@@ -4,12 +4,13 @@ run as a child process, one life of the application, perhaps ended by a real SIG
 
 Usage: python pydantic_ai_approval_child.py ROOT EFFECTS HISTORY MODE
 
-MODE "ask": the run ends with the deferred call; HISTORY holds its messages, and the child
-prints the walj approval id from the request's metadata. MODE "approve_kill_before": the run is
+MODE "ask": the run ends with the deferred call; HISTORY holds its messages, and the life gives
+the walj approval id from the request's metadata. MODE "approve_kill_before": the run is
 resumed from HISTORY with ann's approval (`approval_decisions`); a capability outside walj's
 SIGKILLs the process as the call is about to be executed, after the approval was written.
 MODE "approve_kill_after": the same, SIGKILLed once walj's wrapper returned the tool's result.
-MODE "approve": the same, to the end; the child prints the output.
+MODE "approve": the same, to the end, giving the output. A life that ends prints what it gives,
+as JSON; the test runs "ask" and "approve" in its own process.
 
 send_refund appends "refund <order> <amount>" to EFFECTS (fsynced) each time it runs.
 """
@@ -74,22 +75,26 @@ def requests_of(messages: list[ModelMessage]) -> DeferredToolRequests:
     return DeferredToolRequests(approvals=list(last.tool_calls))
 
 
-def main() -> None:
-    root, effects, history, mode = sys.argv[1:5]
+def life(root: str, effects: Path, history: Path, mode: str) -> dict[str, Any]:
+    """One life of the application (the test runs "ask" and "approve" in its own process)."""
     kill = {"approve_kill_before": "before", "approve_kill_after": "after"}.get(mode, "")
     with WaljCapability(root) as capability:
-        agent = approval_agent(capability, Path(effects), kill=kill)
+        agent = approval_agent(capability, effects, kill=kill)
         if mode == "ask":
             result = asyncio.run(agent.run("refund order 7", conversation_id=pc.CONVERSATION))
-            pc.save_history(Path(history), result.all_messages())
+            pc.save_history(history, result.all_messages())
             entry = result.output.metadata[pc.CALL_ID][METADATA_KEY]
-            print(json.dumps({"approval_id": entry["approval_id"]}), flush=True)
-            return
-        messages = pc.load_history(Path(history))
+            return {"approval_id": entry["approval_id"]}
+        messages = pc.load_history(history)
         answer = approval_decisions(requests_of(messages), actor="ann",
                                     approve=[pc.CALL_ID], note="order checked")
         result = asyncio.run(agent.run(message_history=messages, deferred_tool_results=answer))
-    print(json.dumps({"output": result.output}), flush=True)
+    return {"output": result.output}
+
+
+def main() -> None:
+    root, effects, history, mode = sys.argv[1:5]
+    print(json.dumps(life(root, Path(effects), Path(history), mode)), flush=True)
 
 
 if __name__ == "__main__":

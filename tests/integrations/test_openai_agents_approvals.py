@@ -19,6 +19,7 @@ import walj
 
 pytest.importorskip("agents")
 
+import openai_agents_approval_child as oc  # noqa: E402
 from agents import Agent, Runner, RunState, function_tool  # noqa: E402
 from agents._tool_invocation import tool_invocation_identity_and_scope  # noqa: E402
 from agents.testing import (  # noqa: E402
@@ -156,6 +157,9 @@ def test_a_denial_and_a_decision_made_outside_the_app_reach_the_run(tmp_path: Pa
         items = {i.raw_item.call_id: i for i in paused.interruptions}
         to_approve = interruption_approval(items["call_b"], journal).approval_id
         state = paused.to_state()
+        with pytest.raises(walj.ApprovalError):  # an automatic actor's name: nothing written
+            approve_interruption(state, items["call_b"], journal, actor="policy")
+        assert interruption_approval(items["call_b"], journal).status == "pending"
         deny_interruption(state, items["call_a"], journal, actor="ann", note="too much")
         with pytest.raises(walj.ApprovalError):
             deny_interruption(state, items["call_a"], journal, actor="ann")
@@ -185,10 +189,14 @@ def life(tmp: Path, mode: str) -> subprocess.CompletedProcess[str]:
         capture_output=True, text=True, cwd=ROOT, env=child_env(), timeout=HANG)
 
 
+def in_process(tmp: Path, mode: str) -> dict[str, Any]:
+    """A life that ends normally, run in this process."""
+    return asyncio.run(oc.life(str(tmp / "journal"), tmp / "state.json", tmp / "ledger.txt",
+                               mode))
+
+
 def test_killed_after_the_approval_and_after_the_call_runs_it_once(tmp_path: Path) -> None:
-    asked = life(tmp_path, "ask")
-    assert asked.returncode == 0, asked.stderr
-    approval_id = json.loads(asked.stdout)["approval_id"]
+    approval_id = in_process(tmp_path, "ask")["approval_id"]
     ledger = tmp_path / "ledger.txt"
 
     # Killed once the approval is durable, before the state was saved or anything ran.
@@ -206,9 +214,7 @@ def test_killed_after_the_approval_and_after_the_call_runs_it_once(tmp_path: Pat
     assert ledger.read_text().splitlines() == ["charge 30"]
 
     # The application starts again: the call is answered from the record, not run again.
-    resumed = life(tmp_path, "resume")
-    assert resumed.returncode == 0, resumed.stderr
-    assert json.loads(resumed.stdout)["final"] == "tool said: charged 30"
+    assert in_process(tmp_path, "resume")["final"] == "tool said: charged 30"
     assert ledger.read_text().splitlines() == ["charge 30"]
     with walj.ToolJournal.open(tmp_path / "journal") as journal:
         assert journal.approval(approval_id).status == "consumed"

@@ -6,7 +6,6 @@ never runs a call twice."""
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 import subprocess
 import sys
@@ -69,6 +68,16 @@ def test_an_approval_runs_the_call_once_and_only_with_its_arguments(tmp_path: Pa
         assert result.output.startswith("failed: walj: not run: the approval changes")
         assert journal.approval(approval_id).status == "pending"
 
+        # A decision signed as an automatic actor, or naming a call that was not deferred:
+        # refused with a typed error before anything runs or is written.
+        with pytest.raises(ValueError, match="not approval requests"):
+            approval_decisions(requests, actor="ann", approve=["call_other"])
+        spoofed = approval_decisions(requests, actor="policy", approve=[pc.CALL_ID])
+        with pytest.raises(walj.ApprovalError) as refused:
+            run(agent, message_history=history, deferred_tool_results=spoofed)
+        assert refused.value.reason == "bad_actor"
+        assert journal.approval(approval_id).status == "pending"
+
         # ann's approval: written to the journal, then consumed by the one run of the call.
         answer = approval_decisions(requests, actor="ann", approve=[pc.CALL_ID], note="ok")
         result = run(agent, message_history=history, deferred_tool_results=answer)
@@ -118,10 +127,13 @@ def life(tmp: Path, mode: str) -> subprocess.CompletedProcess[str]:
         capture_output=True, text=True, cwd=HERE, env=child_env(), timeout=HANG)
 
 
+def in_process(tmp: Path, mode: str) -> dict[str, Any]:
+    """A life that ends normally, run in this process."""
+    return ac.life(str(tmp / "sessions"), tmp / "effects", tmp / "history", mode)
+
+
 def test_killed_after_the_approval_and_after_the_call_runs_it_once(tmp_path: Path) -> None:
-    asked = life(tmp_path, "ask")
-    assert asked.returncode == 0, asked.stderr
-    approval_id = json.loads(asked.stdout)["approval_id"]
+    approval_id = in_process(tmp_path, "ask")["approval_id"]
     effects = tmp_path / "effects"
     path = walj.ToolJournal.session_path(tmp_path / "sessions", pc.CONVERSATION)
 
@@ -139,9 +151,7 @@ def test_killed_after_the_approval_and_after_the_call_runs_it_once(tmp_path: Pat
     assert effects.read_text().splitlines() == ["refund 7 30"]
 
     # Resumed again with the same answer: answered from the record.
-    resumed = life(tmp_path, "approve")
-    assert resumed.returncode == 0, resumed.stderr
-    assert json.loads(resumed.stdout)["output"] == "success: refunded 30 on order 7"
+    assert in_process(tmp_path, "approve")["output"] == "success: refunded 30 on order 7"
     assert effects.read_text().splitlines() == ["refund 7 30"]
     with walj.ToolJournal.open(path) as journal:
         approval = journal.approval(approval_id)
