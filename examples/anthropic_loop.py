@@ -1,4 +1,5 @@
-"""An Anthropic Messages agent loop on walj, killed inside a tool, then recovered. Offline.
+"""An Anthropic Messages agent loop on walj, killed inside a tool, then recovered; then a tool
+call that waits for a person's approval. Offline.
 
     python examples/anthropic_loop.py
 
@@ -12,6 +13,11 @@ MockTransport, so nothing leaves the process and no API key is needed. The story
    does not run the tool and the model gets a tool_result with is_error=True instead.
 3. An operator checks the outbox and resolves the interrupted call as succeeded.
 4. The loop goes on and finishes; the customer got exactly one email.
+5. The model offers a goodwill credit. issue_credit needs a person's approval
+   (`walj.Tool(issue_credit, approval=True)`): walj writes a request, runs nothing, and the
+   model gets the approval answer, naming the request's id, as the tool_result.
+6. A supervisor approves it (`journal.approve`, or `walj approve` from another process); the
+   application answers the saved response again, and the credit is issued once.
 
 Needs `pip install 'walj[anthropic]'`. Linux or macOS (the agent's first life is a fork).
 """
@@ -112,8 +118,22 @@ def make_tools(directory: str, on_sent: Any = None) -> dict[str, Any]:
             "close_ticket": close_ticket}
 
 
-def emails_sent(directory: str) -> int:
-    path = os.path.join(directory, "outbox.txt")
+CREDIT = {"customer": "ann@example.com", "cents": 500}
+
+
+def credit_tool(directory: str) -> walj.Tool:
+    """issue_credit, which never runs without a person's approval."""
+    def issue_credit(customer: str, cents: int) -> str:
+        with open(os.path.join(directory, "credits.txt"), "a", encoding="utf-8") as f:
+            f.write(f"credit {cents} to {customer}\n")
+        return f"credited {cents} cents to {customer}"
+
+    return walj.Tool(issue_credit, approval=True)
+
+
+def emails_sent(directory: str, name: str = "outbox.txt") -> int:
+    """The lines of `name`: the emails in outbox.txt (the credits in credits.txt)."""
+    path = os.path.join(directory, name)
     if not os.path.exists(path):
         return 0
     with open(path, encoding="utf-8") as f:
@@ -202,6 +222,29 @@ def main() -> None:
         print(f"   close_ticket ran: is_error={result['is_error']}, {result['content']!r}")
         print(f"   the model: {answer}")
         print(f"   refund emails sent: {emails_sent(directory)}")
+
+        print("5. The model offers a goodwill credit, which needs a person's approval")
+        tools = {**make_tools(directory), "issue_credit": credit_tool(directory)}
+        model = ScriptedModel(
+            reply(tool_use("toolu_05", "issue_credit", CREDIT)),
+            reply(text("A supervisor has to approve the credit; I will let you know.")),
+        )
+        answer = agent_loop(model.client(), "Sorry for the trouble: add a credit.", tools,
+                            journal)
+        saved = model.requests[1]["messages"][-2]["content"]  # the response that asked for it
+        [result] = model.requests[1]["messages"][-1]["content"]
+        said = json.loads(result["content"])
+        print(f"   the model got the approval answer: status {said['status']}, "
+              f"approval {said['approval_id']}")
+        print(f"   the model: {answer}")
+        print(f"   credits issued: {emails_sent(directory, 'credits.txt')}")
+
+        print("6. A supervisor approves it; the saved response is answered again")
+        journal.approve(said["approval_id"], actor="supervisor", note="goodwill")
+        [result] = handle_tool_uses(saved, tools, journal)
+        print(f"   issue_credit ran: {result['content']!r}")
+        print(f"   approval {journal.approval(said['approval_id']).status}; credits issued: "
+              f"{emails_sent(directory, 'credits.txt')}")
         journal.close()
         print("the loop finished")
 

@@ -1,5 +1,5 @@
 """A LangChain agent (create_agent on LangGraph) on walj, killed inside a tool, then resumed
-from its checkpoint. Offline.
+from its checkpoint; then a tool call that waits for a person's approval. Offline.
 
     python examples/langchain_agent.py
 
@@ -14,7 +14,11 @@ API, so nothing leaves the process and no API key is needed. The story:
    on an interrupt that tells a person what is in doubt.
 3. The person checks refunds.txt and answers with Command(resume=...): the refund went out.
    walj records the resolution, answers the call from it, and the agent finishes. One refund.
-4. The conversation is over: `walj_mw.end(thread_id)` ends its walj session, durably, and
+4. The customer asks for a goodwill voucher. send_voucher needs a person's approval
+   (`WaljMiddleware(approval={"send_voucher": True})`): walj writes the request and the graph
+   pauses on an interrupt that shows it. A supervisor approves with Command(resume=...); the
+   journal records the approval, and the resumed task sends the voucher, once.
+5. The conversation is over: `walj_mw.end(thread_id)` ends its walj session, durably, and
    closes its journal.
 
 Needs `pip install 'walj[langchain]'`. Linux or macOS (the agent's first life is a fork).
@@ -68,7 +72,11 @@ SCRIPT = [
     AIMessage("", tool_calls=[{"id": "call_refund", "name": "send_refund",
                                "args": {"order": 42, "amount": "30.00 EUR"}}]),
     AIMessage("Your refund of 30.00 EUR for order 42 is on its way."),
+    AIMessage("", tool_calls=[{"id": "call_voucher", "name": "send_voucher",
+                               "args": {"order": 42, "amount": "5.00 EUR"}}]),
+    AIMessage("A 5.00 EUR voucher is on its way too."),
 ]
+APPROVAL = {"send_voucher": True}  # the tools whose calls wait for a person's approval
 
 
 class FileCheckpointer(InMemorySaver):
@@ -128,13 +136,21 @@ def make_agent(directory: str, walj_mw: WaljMiddleware, on_sent: Any = None) -> 
             on_sent()
         return f"refunded {amount} for order {order}"
 
+    @tool
+    def send_voucher(order: int, amount: str) -> str:
+        """Send a goodwill voucher."""
+        with open(os.path.join(directory, "vouchers.txt"), "a", encoding="utf-8") as f:
+            f.write(f"voucher {amount} for order {order}\n")
+        return f"voucher of {amount} sent for order {order}"
+
     checkpointer = FileCheckpointer(os.path.join(directory, "checkpoints.pickle"))
-    return create_agent(ScriptedModel(), tools=[lookup_order, send_refund],
+    return create_agent(ScriptedModel(), tools=[lookup_order, send_refund, send_voucher],
                         middleware=[walj_mw], checkpointer=checkpointer)
 
 
-def refunds_sent(directory: str) -> int:
-    path = os.path.join(directory, "refunds.txt")
+def refunds_sent(directory: str, name: str = "refunds.txt") -> int:
+    """The lines of `name`: the refunds in refunds.txt (the vouchers in vouchers.txt)."""
+    path = os.path.join(directory, name)
     if not os.path.exists(path):
         return 0
     with open(path, encoding="utf-8") as f:
@@ -146,7 +162,8 @@ def first_life(directory: str, signal_fd: int) -> None:
         os.write(signal_fd, b"sent\n")
         time.sleep(60)  # killed here, inside the tool, after its side effect
 
-    walj_mw = WaljMiddleware(os.path.join(directory, "walj"), on_blocked="interrupt")
+    walj_mw = WaljMiddleware(os.path.join(directory, "walj"), on_blocked="interrupt",
+                             approval=APPROVAL)
     agent = make_agent(directory, walj_mw, sent)
     agent.invoke({"messages": [HumanMessage("Please refund order 42.")]}, CONFIG,
                  durability="sync")
@@ -182,7 +199,8 @@ def main() -> None:
         crash_inside_the_tool(directory)
 
         print("2. The agent restarts and resumes the thread from its checkpoint")
-        with WaljMiddleware(os.path.join(directory, "walj"), on_blocked="interrupt") as walj_mw:
+        with WaljMiddleware(os.path.join(directory, "walj"), on_blocked="interrupt",
+                            approval=APPROVAL) as walj_mw:
             agent = make_agent(directory, walj_mw)
             paused = agent.invoke(None, CONFIG, durability="sync")
             [asked] = paused["__interrupt__"]
@@ -205,7 +223,25 @@ def main() -> None:
             print(f"   the agent: {done['messages'][-1].content}")
             print(f"   blocked: {walj_mw.journal('customer:42').is_blocked()}")
 
-            print("4. The conversation is over: its walj session is ended and its journal closed")
+            print("4. A goodwill voucher needs a supervisor's approval")
+            paused = agent.invoke({"messages": [HumanMessage("Can I get a voucher?")]}, CONFIG,
+                                  durability="sync")
+            [asked] = paused["__interrupt__"]
+            request = asked.value
+            print(f"   walj wrote request {request['approval_id']} for {request['tool']} "
+                  f"{request['arguments_preview']} and paused the graph; nothing ran")
+            print(f"   vouchers sent: {refunds_sent(directory, 'vouchers.txt')}")
+            decision = {"approval_id": request["approval_id"], "decision": "approve",
+                        "actor": "supervisor", "note": "goodwill for the late refund"}
+            done = agent.invoke(Command(resume=decision), CONFIG, durability="sync")
+            print(f"   the supervisor approved; the voucher call ran once: "
+                  f"{done['messages'][-2].content!r}")
+            print(f"   the agent: {done['messages'][-1].content}")
+            approval = walj_mw.journal("customer:42").approval(request["approval_id"])
+            print(f"   approval {approval.status} by {approval.actor}; vouchers sent: "
+                  f"{refunds_sent(directory, 'vouchers.txt')}")
+
+            print("5. The conversation is over: its walj session is ended and its journal closed")
             walj_mw.end("customer:42")
             ended = walj.ToolJournal.open_session(os.path.join(directory, "walj"), "customer:42")
             with ended:

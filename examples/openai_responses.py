@@ -1,4 +1,5 @@
-"""An OpenAI Responses agent loop on walj, killed inside a tool, then recovered. Offline.
+"""An OpenAI Responses agent loop on walj, killed inside a tool, then recovered; then a tool
+call that waits for a person's approval. Offline.
 
     python examples/openai_responses.py
 
@@ -13,6 +14,11 @@ so nothing leaves the process and no API key is needed. The story:
 3. An operator checks the ledger and resolves the interrupted call as succeeded, with the
    `walj resolve` command.
 4. The loop goes on and finishes; the card was charged exactly once.
+5. The customer disputes an old charge. refund_charge needs a person's approval
+   (`walj.Tool(refund_charge, approval=True)`): walj writes a request, runs nothing, and the
+   model gets the approval answer, naming the request's id, as the function_call_output.
+6. An operator approves it (`journal.approve`, or `walj approve` from another process); the
+   application answers the saved response again, and the refund is made once.
 
 Needs `pip install 'walj[openai]'`. Linux or macOS (the agent's first life is a fork).
 """
@@ -120,8 +126,22 @@ def make_tools(directory: str, on_charged: Any = None) -> dict[str, Any]:
             "send_receipt": send_receipt}
 
 
-def charges(directory: str) -> int:
-    path = os.path.join(directory, "ledger.txt")
+DISPUTED = {"customer": "cus_7", "cents": 1500}
+
+
+def refund_tool(directory: str) -> walj.Tool:
+    """refund_charge, which never runs without a person's approval."""
+    def refund_charge(customer: str, cents: int) -> dict[str, Any]:
+        with open(os.path.join(directory, "refunds.txt"), "a", encoding="utf-8") as f:
+            f.write(f"refund {customer} {cents}\n")
+        return {"refunded_cents": cents}
+
+    return walj.Tool(refund_charge, approval=True)
+
+
+def charges(directory: str, name: str = "ledger.txt") -> int:
+    """The lines of `name`: the charges in ledger.txt (the refunds in refunds.txt)."""
+    path = os.path.join(directory, name)
     if not os.path.exists(path):
         return 0
     with open(path, encoding="utf-8") as f:
@@ -219,6 +239,31 @@ def main() -> None:
         print(f"   send_receipt ran: {sent['output']!r}")
         print(f"   the model: {answer}")
         print(f"   charges in the ledger: {charges(directory)}")
+
+        print("5. The customer disputes an old charge; refunding it needs a person's approval")
+        tools = {**make_tools(directory), "refund_charge": refund_tool(directory)}
+        with walj.ToolJournal.open(path) as journal:
+            model = ScriptedModel(
+                reply(function_call("call_05", "refund_charge", DISPUTED)),
+                reply(say("An operator has to approve the refund first.")),
+            )
+            answer = agent_loop(model.client(), "Refund my disputed charge.", tools, journal)
+        saved = [item for item in model.requests[1]["input"]
+                 if item.get("type") == "function_call"]  # the response that asked for it
+        [sent] = model.outputs_sent()
+        said = json.loads(sent["output"])
+        print(f"   the model got the approval answer: status {said['status']}, "
+              f"approval {said['approval_id']}")
+        print(f"   the model: {answer}")
+        print(f"   refunds made: {charges(directory, 'refunds.txt')}")
+
+        print("6. An operator approves it; the saved response is answered again")
+        with walj.ToolJournal.open(path) as journal:
+            journal.approve(said["approval_id"], actor="operator", note="duplicate charge")
+            [sent] = handle_response_calls(saved, tools, journal)
+            print(f"   refund_charge ran: {sent['output']!r}")
+            print(f"   approval {journal.approval(said['approval_id']).status}; refunds made: "
+                  f"{charges(directory, 'refunds.txt')}")
         print("the loop finished")
 
 

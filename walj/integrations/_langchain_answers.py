@@ -124,8 +124,9 @@ def _command_rebuilt(output: Mapping[str, Any]) -> Command[Any]:
 
 
 def sync_tool(request: ToolCallRequest, handler: Callable[[ToolCallRequest], Result],
-              box: Box) -> walj.Tool:
-    """The walj tool of one call: the framework's own continuation, `handler(request)`."""
+              box: Box, approval: Any = False) -> walj.Tool:
+    """The walj tool of one call: the framework's own continuation, `handler(request)`, with
+    the tool's approval rule."""
     def run(**_arguments: Any) -> Any:
         try:
             result = handler(request)
@@ -135,11 +136,12 @@ def sync_tool(request: ToolCallRequest, handler: Callable[[ToolCallRequest], Res
             box.raised = exc  # recorded "error" by walj, then raised as LangChain raises it
             raise
         return _recorded(result, box)
-    return walj.Tool(run)
+    return walj.Tool(run, approval=approval)
 
 
 def async_tool(request: ToolCallRequest,
-               handler: Callable[[ToolCallRequest], Awaitable[Result]], box: Box) -> walj.Tool:
+               handler: Callable[[ToolCallRequest], Awaitable[Result]], box: Box,
+               approval: Any = False) -> walj.Tool:
     async def run(**_arguments: Any) -> Any:
         try:
             result = await handler(request)
@@ -149,7 +151,7 @@ def async_tool(request: ToolCallRequest,
             box.raised = exc
             raise
         return _recorded(result, box)
-    return walj.Tool(run)
+    return walj.Tool(run, approval=approval)
 
 
 def answer(done: walj.ToolResult, box: Box, request: ToolCallRequest) -> Result:

@@ -1,6 +1,7 @@
 """What the integrations share: reading SDK objects and dicts alike (a tool call's name and
-id), a tool's answer as the text a provider's tool result carries, and the answer to a blocked
-call (for the model) beside the log line about it (for the developer)."""
+id), a tool's answer as the text a provider's tool result carries, the answer to a blocked
+call (for the model) beside the log line about it (for the developer), and the answer to a
+call that awaits, was denied or outlived its approval."""
 
 from __future__ import annotations
 
@@ -19,6 +20,9 @@ BlockedMessage = str | Callable[[walj.ToolResult], str] | None
 
 # The documented `output["status"]` of walj's blocked answer (docs/RECOVERY.md, While blocked).
 BLOCKED_STATUS = "blocked_interrupted_execution"
+
+APPROVAL_OUTCOMES = ("awaiting_approval", "denied", "approval_expired")
+"""The outcomes of a call that needs approval and did not run (docs/RECOVERY.md, Approvals)."""
 
 
 def field(value: Any, key: str) -> Any:
@@ -99,3 +103,20 @@ def blocked_answer(done: walj.ToolResult, option: BlockedMessage,
         raise TypeError(f"blocked_message returned a {type(text).__name__}, not a string")
     return text
 
+
+
+def approval_answer(done: walj.ToolResult) -> dict[str, Any] | None:
+    """The answer the model gets for a call that awaits approval, was denied, or whose
+    approval expired (docs/INTEGRATIONS.md, "The approval answer"); None for any other result.
+    Nothing ran, so it carries no output: the status, the approval's id, the call, and walj's
+    message saying what happened and what to do meanwhile."""
+    if done.outcome not in APPROVAL_OUTCOMES or not done.approval_id:
+        return None
+    return {"status": done.outcome, "approval_id": done.approval_id, "tool": done.name,
+            "call_id": done.call_id,
+            "message": done.error or f"The tool {done.name!r} was not run ({done.outcome})."}
+
+
+def approval_text(answer: Mapping[str, Any]) -> str:
+    """The approval answer as the text a tool result carries: one JSON object."""
+    return json.dumps(dict(answer), ensure_ascii=False)

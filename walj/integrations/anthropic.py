@@ -9,7 +9,9 @@ without one, handlers are simply called.
 The `tool_result` content is always a string: a `str` output as it is, any other output as JSON
 (`json.dumps`, `ensure_ascii=False`, objects JSON has no type for as their `str()`), and, when
 even that fails, the output's `repr()`. An error, a refusal or a blocked call sets
-`is_error: true` and puts walj's message in `content`.
+`is_error: true` and puts walj's message in `content`. A call that awaits a person's approval,
+was denied, or whose approval expired sets `is_error: true` with the approval answer (a JSON
+object naming the approval id; docs/INTEGRATIONS.md, "The approval answer") as `content`.
 
 Importing this module imports the `anthropic` SDK (so a missing SDK fails here, naming the
 extra `walj[anthropic]`); the functions themselves read SDK objects and plain dicts alike.
@@ -23,8 +25,9 @@ from typing import Any
 
 import walj
 
+from ._approvals import handle_calls
 from ._require import require
-from ._shared import blocked_message, field, named_call, output_text
+from ._shared import approval_answer, approval_text, blocked_message, field, named_call, output_text
 
 require("anthropic", "anthropic")
 
@@ -45,7 +48,8 @@ def handle_tool_uses(
     `journal.handle_function_calls`, in the live turn or in a turn of its own; a message
     without `tool_use` blocks returns `[]` and writes nothing.
 
-    Raises ValueError, before anything runs, for a `tool_use` block without an id or a name.
+    Raises ValueError, before anything runs, for a `tool_use` block without an id or a name,
+    and, without a journal, for a call of a tool that needs approval (nothing could wait).
     What `walj.handle_function_calls` raises goes on: `walj.SerializationError` for arguments
     a program (not the model) built that JSON cannot hold; with a journal,
     `walj.ToolOutcomeUnknown` and interrupts, which leave the execution blocking.
@@ -54,8 +58,9 @@ def handle_tool_uses(
     if not blocks:
         return []
     calls = [_call(block, index) for index, block in enumerate(blocks)]
-    results = walj.handle_function_calls(calls, registry, journal)
-    return [_tool_result(block, result) for block, result in zip(blocks, results, strict=True)]
+    results = handle_calls(calls, registry, journal)
+    return [_tool_result(block, result, approval)
+            for block, (result, approval) in zip(blocks, results, strict=True)]
 
 
 def _blocks(content: Any) -> Sequence[Any]:
@@ -95,9 +100,13 @@ def _model_arguments(value: Any) -> Any:
     return value
 
 
-def _tool_result(block: Any, result: Mapping[str, Any]) -> dict[str, Any]:
+def _tool_result(block: Any, result: Mapping[str, Any],
+                 approval: walj.ToolResult | None) -> dict[str, Any]:
     blocked = blocked_message(result)
-    if result["error"] is None:
+    answered = approval_answer(approval) if approval is not None else None
+    if answered is not None:  # nothing ran: the approval answer, never an output
+        text, is_error = approval_text(answered), True
+    elif result["error"] is None:
         text, is_error = output_text(result["output"]), False
     else:  # nothing ran when blocked, and walj's message says so
         text, is_error = (blocked if blocked is not None else str(result["error"])), True

@@ -30,19 +30,28 @@ also plug into `langgraph.prebuilt.ToolNode(wrap_tool_call=..., awrap_tool_call=
   execution, `{"turn_sequence", "actor", "note"?}` an interrupted turn. The resumed task reads
   the answer and writes its resolutions first, then dispatches the call once, which replay
   answers (never running a call resolved `succeeded` or `failed`).
+- **Approval**: `approval={"tool name": True | policy(arguments)}` makes those tools' calls
+  wait for a person (docs/RECOVERY.md, "Approvals"). With `on_approval="interrupt"` (the
+  default) in a graph with a checkpointer, the task pauses on a `langgraph.types.interrupt`
+  whose payload is the request (`kind` "walj_approval", its approval id, the tool, call id,
+  arguments preview and digest); `Command(resume={"approval_id", "decision": "approve" |
+  "deny", "actor", "note"?, "expires_at"?})`, or `walj approve` / `walj deny` and resuming,
+  decides it in the journal, and the resumed task dispatches the call once: the journal alone
+  lets it run, with the approved arguments only. Otherwise the call is answered with an error
+  ToolMessage holding the approval answer (docs/INTEGRATIONS.md, "The approval answer").
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import threading
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal
 
 import walj
 
+from ._approvals import APPROVAL_KIND
 from ._journals import DEFAULT_IDLE_TIMEOUT, DEFAULT_LOCK_TIMEOUT, DEFAULT_MAX_OPEN, SessionJournals
 from ._langchain_answers import (
     Box,
@@ -53,7 +62,15 @@ from ._langchain_answers import (
     call_of,
     sync_tool,
 )
+from ._langchain_approvals import (
+    OnApproval,
+    approval_message,
+    await_decision,
+    check_on_approval,
+    check_rules,
+)
 from ._langchain_ask import BLOCKED_KIND, checkpointed, payload, payload_before, resolve
+from ._langchain_steps import RESUMED_STEP_ACTOR, Session, StepTurn
 from ._require import require
 from ._shared import BlockedMessage, blocked_answer, check_blocked_message
 
@@ -85,124 +102,14 @@ def thread_id_of(request: ToolCallRequest) -> str:
     return str(thread)
 
 
-def _step_of(request: ToolCallRequest, call_id: str) -> tuple[tuple[str, ...], set[str]]:
-    """The step (the ids of every tool call of the AIMessage holding `call_id`) and those of
-    its calls not answered yet in the state. A call without such a message is a step alone."""
-    state = request.state
-    messages = state.get("messages") if isinstance(state, Mapping) else getattr(
-        state, "messages", None)
-    if isinstance(messages, Sequence):
-        answered = {getattr(m, "tool_call_id", None) for m in messages
-                    if getattr(m, "type", None) == "tool"}
-        for message in reversed(messages):
-            calls = getattr(message, "tool_calls", None) or []
-            ids = tuple(str(c.get("id")) for c in calls if isinstance(c, Mapping))
-            if call_id in ids:
-                return ids, {i for i in ids if i not in answered} | {call_id}
-    return (call_id,), {call_id}
-
-
-class _Turn(Protocol):
-    """What the middleware uses of a live walj turn (`journal.turn()`)."""
-
-    def __enter__(self) -> Any: ...
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None: ...
-    def dispatch(self, name: str, arguments: Mapping[str, Any], *, call_id: str | None = None,
-                 handler: Any = None) -> walj.ToolResult: ...
-    async def adispatch(self, name: str, arguments: Mapping[str, Any], *,
-                        call_id: str | None = None, handler: Any = None) -> walj.ToolResult: ...
-
-
-RESUMED_STEP_ACTOR = "walj.integrations.langchain"
-"""The actor of the turn resolution written when LangGraph resumes a step whose earlier turn
-was interrupted after every one of its calls had settled."""
-
-
-def _turn_call_ids(journal: walj.ToolJournal, sequence: int) -> set[str]:
-    """Every call id the journal's records give for turn `sequence` (intents, blocked,
-    replayed and refused calls): the more a turn holds, the less it is taken for a step's."""
-    ids: set[str] = set()
-    for record in walj.read(journal.path):
-        data = record.data
-        if (isinstance(data, dict) and data.get("turn_sequence") == sequence
-                and isinstance(data.get("call_id"), str)):
-            ids.add(data["call_id"])
-    return ids
-
-
-class _Session:
-    """One thread's journal and its live step: the walj turn holding the step's calls."""
-
-    def __init__(self, journal: walj.ToolJournal) -> None:
-        self.journal = journal
-        self.lock = threading.Lock()
-        self.step: tuple[str, ...] | None = None
-        self.turn: _Turn | None = None
-        self.pending: set[str] = set()
-
-    def adopt(self, step: tuple[str, ...]) -> None:
-        """LangGraph resumes a step by running its unsaved tool tasks again, with the same call
-        ids. An interrupted turn (every execution in it settled) whose calls all belong to this
-        step is that step's earlier attempt: replay answers its calls, so it is resolved, with
-        a note, rather than blocking the step's calls that never ran."""
-        for blocker in self.journal.recovery.blockers:
-            if blocker.state != "interrupted_turn" or blocker.turn_sequence is None:
-                continue
-            ids = _turn_call_ids(self.journal, blocker.turn_sequence)
-            if ids and ids <= set(step):
-                self.journal.resolve_turn(blocker.turn_sequence, actor=RESUMED_STEP_ACTOR, note=(
-                    "LangGraph resumed this step; its calls are dispatched again with the same "
-                    "ids, and replay answers those that settled: " + ", ".join(sorted(ids))))
-
-    def adopt_new(self, request: ToolCallRequest, call_id: str) -> None:
-        """`adopt` the call's step when it is not the live one."""
-        step, _unanswered = _step_of(request, call_id)
-        with self.lock:
-            if self.step != step:
-                self.adopt(step)
-
-    def enter(self, request: ToolCallRequest, call_id: str) -> _Turn:
-        """The live turn of the call's step, starting it (and leaving an earlier step's turn
-        incomplete, so that it blocks) when the step is new."""
-        step, unanswered = _step_of(request, call_id)
-        with self.lock:
-            if self.turn is None or self.step != step:
-                if self.turn is not None:  # abandoned with calls unanswered: incomplete
-                    self.turn.__exit__(RuntimeError, RuntimeError("step abandoned"), None)
-                self.turn = None
-                self.adopt(step)
-                turn: _Turn = self.journal.turn()
-                turn.__enter__()
-                self.turn, self.step, self.pending = turn, step, set(unanswered)
-            self.pending.add(call_id)
-            return self.turn
-
-    def answered(self, turn: _Turn, call_id: str) -> None:
-        """A call of the step got its answer: the last one completes the turn."""
-        with self.lock:
-            if self.turn is not turn:
-                return
-            self.pending.discard(call_id)
-            if not self.pending:
-                self.turn, self.step = None, None
-                turn.__exit__(None, None, None)
-
-    def close(self) -> None:
-        with self.lock:
-            if self.turn is not None:  # calls unanswered: left incomplete, as after a crash
-                try:
-                    self.turn.__exit__(RuntimeError, RuntimeError("closed"), None)
-                finally:
-                    self.turn = None
-            self.journal.close()
-
-
 class WaljMiddleware(_Base):
     """Every tool call of a LangChain agent (or a LangGraph ToolNode) through a walj journal,
     one journal per thread under `root`. See the module's documentation."""
 
     def __init__(self, root: str | os.PathLike[str], *, on_blocked: OnBlocked = "message",
                  blocked_message: BlockedMessage = None,
+                 approval: Mapping[str, bool | Callable[[Mapping[str, Any]], Any]] | None = None,
+                 on_approval: OnApproval = "interrupt",
                  idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
                  max_open: int = DEFAULT_MAX_OPEN, lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
                  **journal_options: Any) -> None:
@@ -214,8 +121,10 @@ class WaljMiddleware(_Base):
                              "(reconcile hooks and on_ambiguous policies do not apply to it)")
         self._on_blocked: OnBlocked = on_blocked
         self._blocked_message = check_blocked_message(blocked_message)
+        self._approval = check_rules(approval)
+        self._on_approval = check_on_approval(on_approval)
         self._journals = SessionJournals(
-            root, _Session, options={"store_outputs": True, **journal_options},
+            root, Session, options={"store_outputs": True, **journal_options},
             idle_timeout=idle_timeout, max_open=max_open, lock_timeout=lock_timeout)
 
     @property
@@ -263,16 +172,25 @@ class WaljMiddleware(_Base):
         call_id, name, arguments = call_of(request)
         thread = thread_id_of(request)
         session = self._journals.acquire(thread)
+        rule = self._approval.get(name, False)
         try:
             problem = self._ask_first(session, request, call_id, name)
-            turn = session.enter(request, call_id)
+            refused: str | None = None
             while True:
-                box = Box()
-                done = turn.dispatch(name, arguments, call_id=call_id,
-                                     handler=sync_tool(request, handler, box))
-                if not self._asks(request, done, box):
+                if rule is not False and self._pauses(request):
+                    refused = await_decision(session.journal, call_id, refused)
+                turn = session.enter(request, call_id, rule is not False)
+                while True:
+                    box = Box()
+                    done = turn.dispatch(name, arguments, call_id=call_id,
+                                         handler=sync_tool(request, handler, box, rule))
+                    if not self._asks(request, done, box):
+                        break
+                    problem = self._ask(session.journal, payload(done, session.journal),
+                                        problem)
+                if not self._awaits(request, done):
                     return self._answered(session, turn, call_id, done, box, request)
-                problem = self._ask(session.journal, payload(done, session.journal), problem)
+                session.answered(turn, call_id)  # the request is its answer in this turn
         finally:
             self._journals.done(thread, session)
 
@@ -284,22 +202,32 @@ class WaljMiddleware(_Base):
         call_id, name, arguments = call_of(request)
         thread = thread_id_of(request)
         session = await self._journals.aacquire(thread)
+        rule = self._approval.get(name, False)
         try:
             problem = await asyncio.to_thread(self._ask_first, session, request, call_id, name)
-            turn = await asyncio.to_thread(session.enter, request, call_id)
+            refused: str | None = None
             while True:
-                box = Box()
-                done = await turn.adispatch(name, arguments, call_id=call_id,
-                                            handler=async_tool(request, handler, box))
-                if not self._asks(request, done, box):
+                if rule is not False and self._pauses(request):
+                    refused = await asyncio.to_thread(await_decision, session.journal, call_id,
+                                                      refused)
+                turn = await asyncio.to_thread(session.enter, request, call_id,
+                                               rule is not False)
+                while True:
+                    box = Box()
+                    done = await turn.adispatch(name, arguments, call_id=call_id,
+                                                handler=async_tool(request, handler, box, rule))
+                    if not self._asks(request, done, box):
+                        break
+                    problem = await asyncio.to_thread(self._ask, session.journal,
+                                                      payload(done, session.journal), problem)
+                if not self._awaits(request, done):
                     return await asyncio.to_thread(self._answered, session, turn, call_id, done,
                                                    box, request)
-                problem = await asyncio.to_thread(self._ask, session.journal,
-                                                  payload(done, session.journal), problem)
+                await asyncio.to_thread(session.answered, turn, call_id)
         finally:
             self._journals.done(thread, session)
 
-    def _ask_first(self, session: _Session, request: ToolCallRequest, call_id: str,
+    def _ask_first(self, session: Session, request: ToolCallRequest, call_id: str,
                    name: str) -> str | None:
         """In interrupt mode, while the journal blocks: ask a person before dispatching, so a
         resumed task reads the answer and writes its resolutions first, then dispatches the
@@ -319,7 +247,16 @@ class WaljMiddleware(_Base):
         return (self._on_blocked == "interrupt" and done.outcome == "blocked"
                 and box.raised is None and box.result is None and checkpointed(request))
 
-    def _answered(self, session: _Session, turn: _Turn, call_id: str, done: walj.ToolResult,
+    def _pauses(self, request: ToolCallRequest) -> bool:
+        """Whether a call awaiting approval pauses the graph: interrupt mode, and a graph that
+        can resume (it has a checkpointer)."""
+        return self._on_approval == "interrupt" and checkpointed(request)
+
+    def _awaits(self, request: ToolCallRequest, done: walj.ToolResult) -> bool:
+        """True when the call awaits approval and the graph pauses for it (asked next pass)."""
+        return done.outcome == "awaiting_approval" and self._pauses(request)
+
+    def _answered(self, session: Session, turn: StepTurn, call_id: str, done: walj.ToolResult,
                   box: Box, request: ToolCallRequest) -> Result:
         """The call's answer; the step's turn learns it was answered, unless the tool paused
         on an interrupt of its own (LangGraph runs it again on resume)."""
@@ -330,7 +267,8 @@ class WaljMiddleware(_Base):
         if done.outcome == "blocked" and box.result is None:
             done = done._replace(error=blocked_answer(done, self._blocked_message,
                                                       session.journal))
-        return answer(done, box, request)
+        asked = approval_message(done, request)
+        return asked if asked is not None else answer(done, box, request)
 
     @staticmethod
     def _ask(journal: walj.ToolJournal, payload: dict[str, Any],
@@ -347,5 +285,5 @@ class WaljMiddleware(_Base):
         return None
 
 
-__all__ = ["BLOCKED_KIND", "RESUMED_STEP_ACTOR", "OnBlocked", "ToolMessageError",
-           "WaljMiddleware", "resolve", "thread_id_of"]
+__all__ = ["APPROVAL_KIND", "BLOCKED_KIND", "RESUMED_STEP_ACTOR", "OnApproval", "OnBlocked",
+           "ToolMessageError", "WaljMiddleware", "resolve", "thread_id_of"]

@@ -12,7 +12,9 @@ The `output` string: a `str` output as it is, any other output as JSON (`json.du
 `ensure_ascii=False`, objects JSON has no type for as their `str()`), and, when even that
 fails, the output's `repr()`. A call walj blocked gets `"not run: "` and walj's message; any
 other error (bad arguments, an unknown tool, a handler that raised or refused) `"error: "` and
-the error.
+the error. A call that awaits a person's approval, was denied, or whose approval expired gets
+the approval answer, a JSON object naming the approval id (docs/INTEGRATIONS.md, "The approval
+answer").
 
 Importing this module imports the `openai` SDK (so a missing SDK fails here, naming the extra
 `walj[openai]`); the functions themselves read SDK objects and plain dicts alike.
@@ -25,8 +27,9 @@ from typing import Any
 
 import walj
 
+from ._approvals import handle_calls
 from ._require import require
-from ._shared import blocked_message, field, named_call, output_text
+from ._shared import approval_answer, approval_text, blocked_message, field, named_call, output_text
 
 require("openai", "openai")
 
@@ -51,17 +54,18 @@ def handle_response_calls(
     writes nothing.
 
     Raises ValueError, before anything runs, for a `function_call` item without a call_id or
-    a name. With a journal, `walj.ToolOutcomeUnknown` and interrupts go on, leaving the
-    execution blocking.
+    a name, and, without a journal, for a call of a tool that needs approval. With a journal,
+    `walj.ToolOutcomeUnknown` and interrupts go on, leaving the execution blocking.
     """
     calls = [item for item in _items(items) if field(item, "type") == "function_call"]
     if not calls:
         return []
     normalised = [_call(item, index) for index, item in enumerate(calls)]
-    results = walj.handle_function_calls(normalised, registry, journal)
+    results = handle_calls(normalised, registry, journal)
     return [
-        {"type": "function_call_output", "call_id": call["call_id"], "output": _output(result)}
-        for call, result in zip(normalised, results, strict=True)
+        {"type": "function_call_output", "call_id": call["call_id"],
+         "output": _output(result, approval)}
+        for call, (result, approval) in zip(normalised, results, strict=True)
     ]
 
 
@@ -79,7 +83,10 @@ def _call(item: Any, index: int) -> dict[str, Any]:
     return {"name": name, "call_id": call_id, "arguments": field(item, "arguments")}
 
 
-def _output(result: Mapping[str, Any]) -> str:
+def _output(result: Mapping[str, Any], approval: walj.ToolResult | None) -> str:
+    answered = approval_answer(approval) if approval is not None else None
+    if answered is not None:  # nothing ran: the approval answer, never an output
+        return approval_text(answered)
     if result["error"] is None:
         return output_text(result["output"])
     blocked = blocked_message(result)
