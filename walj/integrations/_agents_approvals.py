@@ -12,36 +12,17 @@ approve nothing the journal did not approve.
 from __future__ import annotations
 
 import inspect
-import json
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import walj
 
-from ._shared import field
+from ._shared import approval_text, field
 
 # How the integration dispatches a call in its journal's turn: name, arguments, call id, the
 # walj tool that runs it, and whether the call needs an approval.
 Dispatch = Callable[[str, dict[str, Any], str | None, walj.Tool, bool],
                     Awaitable[walj.ToolResult]]
-
-APPROVAL_OUTCOMES = ("awaiting_approval", "denied", "approval_expired")
-
-
-def approval_answer(done: walj.ToolResult) -> str:
-    """What the model is told of a call the journal did not run for want of an approval: a JSON
-    object with `status` (the outcome), `tool`, `call_id`, `approval_id` and walj's `message`
-    (who denied it and why, when it expired, or which request awaits a decision)."""
-    return answer_text(done.outcome, done.name, done.call_id, done.approval_id,
-                       done.error or f"walj answered {done.outcome}; nothing ran")
-
-
-def answer_text(status: str, tool: str | None, call_id: str | None, approval_id: str | None,
-                message: str) -> str:
-    """The JSON object `approval_answer` describes, from its fields."""
-    return json.dumps({"status": status, "tool": tool, "call_id": call_id,
-                       "approval_id": approval_id, "message": message}, ensure_ascii=False)
-
 
 async def tool_rule_says(rule: Any, ctx: Any, arguments: Mapping[str, Any],
                          call_id: str) -> bool:
@@ -156,7 +137,7 @@ def approve_interruption(state: Any, item: Any, journal: walj.ToolJournal, *, ac
 def deny_interruption(state: Any, item: Any, journal: walj.ToolJournal, *, actor: str,
                       note: str | None = None) -> walj.Approval:
     """Deny an interruption: `journal.deny` (durable) first, then `state.reject(item)` with
-    the denied answer for the model (the JSON object of `approval_answer`). The call never
+    the denied answer for the model (docs/INTEGRATIONS.md, "The approval answer"). The call never
     runs, whatever a later state says. Raises `walj.ApprovalError` when the request is not
     pending (it was decided already), before the state is touched."""
     found = interruption_approval(item, journal)
@@ -164,8 +145,9 @@ def deny_interruption(state: Any, item: Any, journal: walj.ToolJournal, *, actor
     tool, call_id = _identity(item)
     message = (f"denied by {denied.actor}" + (f": {denied.note}" if denied.note else "")
                + f" (approval {denied.approval_id}); the call was not run")
-    state.reject(item, rejection_message=answer_text("denied", tool, call_id,
-                                                     denied.approval_id, message))
+    state.reject(item, rejection_message=approval_text({
+        "status": "denied", "approval_id": denied.approval_id, "tool": tool, "call_id": call_id,
+        "message": message}))
     return denied
 
 

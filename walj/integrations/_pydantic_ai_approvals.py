@@ -26,7 +26,6 @@ from pydantic_ai.tools import (  # noqa: E402
 
 from ._pydantic_ai_answers import ACTOR, METADATA_KEY  # noqa: E402
 
-APPROVAL_OUTCOMES = ("awaiting_approval", "denied", "approval_expired")
 # In a DeferredToolResults entry's walj metadata: an approval that only lets the journal answer
 # (journal_answers), not a person's decision to write.
 FROM_JOURNAL = "from_journal"

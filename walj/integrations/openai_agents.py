@@ -54,10 +54,8 @@ from typing import TYPE_CHECKING, Any
 import walj
 
 from ._agents_approvals import (
-    APPROVAL_OUTCOMES,
     JournaledApproval,
     apply_journal_decisions,
-    approval_answer,
     approve_interruption,
     deny_interruption,
     interruption_approval,
@@ -71,7 +69,13 @@ from ._journals import (
     SessionJournals,
 )
 from ._require import require
-from ._shared import BlockedMessage, blocked_answer, check_blocked_message
+from ._shared import (
+    BlockedMessage,
+    approval_answer,
+    approval_text,
+    blocked_answer,
+    check_blocked_message,
+)
 
 if TYPE_CHECKING:
     from agents.tool import FunctionTool
@@ -146,8 +150,9 @@ class _JournaledInvoker:
         return await self._answer(ctx, done, call)
 
     async def _answer(self, ctx: ToolContext[Any], done: walj.ToolResult, call: _Call) -> Any:
-        if done.outcome in APPROVAL_OUTCOMES:
-            return approval_answer(done)
+        answer = approval_answer(done)
+        if answer is not None:  # awaiting, denied or past its approval: nothing ran
+            return approval_text(answer)
         if done.outcome == "blocked":
             return BLOCKED_PREFIX + blocked_answer(done, self.blocked_message, self.journal)
         if done.outcome == "refused":

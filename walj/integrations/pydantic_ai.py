@@ -32,7 +32,13 @@ import walj
 
 from ._journals import DEFAULT_IDLE_TIMEOUT, DEFAULT_LOCK_TIMEOUT, DEFAULT_MAX_OPEN, SessionJournals
 from ._require import require
-from ._shared import BlockedMessage, blocked_answer, blockers_listed, check_blocked_message
+from ._shared import (
+    APPROVAL_OUTCOMES,
+    BlockedMessage,
+    blocked_answer,
+    blockers_listed,
+    check_blocked_message,
+)
 
 require("pydantic_ai", "pydantic-ai")  # first: a missing extra is named, not a bare import
 
@@ -56,7 +62,6 @@ from ._pydantic_ai_answers import (  # noqa: E402
     apply_answer,
 )
 from ._pydantic_ai_approvals import (  # noqa: E402
-    APPROVAL_OUTCOMES,
     approval_decisions,
     ask_only,
     changed_arguments,
