@@ -20,7 +20,7 @@ import walj
 pytest.importorskip("agents")
 
 import openai_agents_approval_child as oc  # noqa: E402
-from agents import Agent, Runner, RunState, function_tool  # noqa: E402
+from agents import Agent, Runner, RunState, ToolApprovalItem, function_tool  # noqa: E402
 from agents._tool_invocation import tool_invocation_identity_and_scope  # noqa: E402
 from agents.testing import (  # noqa: E402
     ModelCall,
@@ -113,6 +113,12 @@ def test_an_edited_run_state_runs_nothing_the_journal_did_not_approve(tmp_path: 
         assert (request.status, request.tool, request.call_id) == ("pending", "charge", "call_1")
         assert [a.approval_id for a in journal.recovery.approvals] == [request.approval_id]
         asked = paused.to_state().to_string()
+        for raw in ({"type": "function_call", "name": "charge", "arguments": "{}"},
+                    {"type": "function_call", "name": "charge", "call_id": 7},
+                    {"type": "function_call", "name": "other", "call_id": "call_1"}):
+            with pytest.raises(walj.ApprovalError) as unknown:  # no such request: hostile items
+                interruption_approval(ToolApprovalItem(agent=agent, raw_item=raw), journal)
+            assert unknown.value.reason == "unknown"
 
         # Approved in the RunState only (what an edited state carries): the journal says no.
         state = restore(agent, asked)

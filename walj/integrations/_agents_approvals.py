@@ -24,6 +24,7 @@ from ._shared import approval_text, field
 Dispatch = Callable[[str, dict[str, Any], str | None, walj.Tool, bool],
                     Awaitable[walj.ToolResult]]
 
+
 async def tool_rule_says(rule: Any, ctx: Any, arguments: Mapping[str, Any],
                          call_id: str) -> bool:
     """The tool's own `needs_approval` for this call: a bool, or the SDK's policy
@@ -75,7 +76,7 @@ class JournaledApproval:
         journal already holds an open request or approval for the call id (a policy that
         changed its mind cannot skip it)."""
         if not isinstance(call_id, str) or not call_id:
-            return bool(self.rule is not False)
+            return self.rule is not False
         if await tool_rule_says(self.rule, ctx, arguments, call_id):
             return True
         return latest_open(self.journal, None, call_id) is not None
