@@ -104,6 +104,11 @@ def test_a_denial_and_a_decision_made_outside_the_app(tmp_path: Path) -> None:
         assert capability.journal_for("denied").approval(denied_id).status == "denied"
 
         asked, requests, approved_id = ask(agent, "outside")
+        # Let through to the journal before anyone decided: deferred again, the same request.
+        again = run(agent, message_history=asked.all_messages(),
+                    deferred_tool_results=journal_answers(requests))
+        assert isinstance(again.output, DeferredToolRequests)
+        assert again.output.metadata[pc.CALL_ID][METADATA_KEY]["approval_id"] == approved_id
         capability.release("outside")
     path = walj.ToolJournal.session_path(tmp_path / "sessions", "outside")
     walj.approve_session(path, approved_id, actor="carol")
