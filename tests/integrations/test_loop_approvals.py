@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import loop_approval_child as child
 import pytest
 import sdk_fakes as fx
 from journal_helpers import records
@@ -98,28 +99,28 @@ def test_the_model_gets_the_approval_answer_and_an_approved_call_runs_once(
 def run_child(provider: str, where: Path, mode: str) -> dict[str, Any]:
     """Run loop_approval_child.py; a "kill_*" MODE is SIGKILLed once it parked, "run" returns
     the tool result it printed."""
-    child = subprocess.Popen([sys.executable, str(CHILD), provider, str(where / "j"),
-                              str(where / "effects.txt"), mode], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, cwd=fx.ROOT, env=fx.child_env())
-    assert child.stdout is not None and child.stderr is not None
+    process = subprocess.Popen([sys.executable, str(CHILD), provider, str(where / "j"),
+                                str(where / "effects.txt"), mode], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, cwd=fx.ROOT, env=fx.child_env())
+    assert process.stdout is not None and process.stderr is not None
     try:
         with selectors.DefaultSelector() as selector:
-            selector.register(child.stdout, selectors.EVENT_READ)
+            selector.register(process.stdout, selectors.EVENT_READ)
             assert selector.select(fx.HANG_GUARD), "the child said nothing"
-            line = child.stdout.readline().strip()
+            line = process.stdout.readline().strip()
         if mode.startswith("kill"):
-            assert line == "PARKED", (line, child.stderr.read())
-            os.kill(child.pid, signal.SIGKILL)
-        child.wait(fx.HANG_GUARD)
-        assert mode.startswith("kill") or child.returncode == 0, child.stderr.read()
+            assert line == "PARKED", (line, process.stderr.read())
+            os.kill(process.pid, signal.SIGKILL)
+        process.wait(fx.HANG_GUARD)
+        assert mode.startswith("kill") or process.returncode == 0, process.stderr.read()
     finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
-        child.stdout.close()
-        child.stderr.close()
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        process.stdout.close()
+        process.stderr.close()
     if mode.startswith("kill"):
-        assert child.returncode == -signal.SIGKILL
+        assert process.returncode == -signal.SIGKILL
         return {}
     printed: dict[str, Any] = json.loads(line)
     return printed
@@ -130,8 +131,12 @@ def test_sigkill_after_the_approval_and_after_the_run_runs_the_call_once_as_appr
     tmp_path: Path, provider: str
 ) -> None:
     effects = tmp_path / "effects.txt"
-    sent = run_child(provider, tmp_path, "run")
-    said = json.loads(sent["content" if provider == "anthropic" else "output"])
+    # The loop's first answer to the call (here, in this process) writes the request.
+    with walj.ToolJournal.open(tmp_path / "j", store_outputs=True) as journal:
+        [(text, _)] = answer_calls(provider, [(child.REFUND_ID[provider], "send_refund",
+                                               child.REFUND)],
+                                   {"send_refund": child.send_refund(str(effects))}, journal)
+    said = json.loads(text)
     assert said["status"] == "awaiting_approval" and fx.effect_lines(effects) == []
 
     # An operator approves from another process; the loop answers the call again and is

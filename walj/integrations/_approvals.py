@@ -16,7 +16,7 @@ from ._shared import APPROVAL_OUTCOMES
 APPROVAL_KIND = "walj_approval"
 """`payload["kind"]` of a request for a person's approval (a LangGraph interrupt's value)."""
 
-DECISIONS = {"approve": "approved", "deny": "denied"}
+DECISIONS = ("approve", "deny")  # an answer's "decision": journal.approve or journal.deny
 _ANSWER_FIELDS = frozenset({"approval_id", "decision", "actor", "note", "expires_at"})
 
 
