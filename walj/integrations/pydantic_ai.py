@@ -314,7 +314,9 @@ class WaljCapability(AbstractCapability[Any]):
                 done = await self._dispatch(session, call.tool_name, call.args_as_dict(),
                                             call_id, walj.Tool(ask_only), approval=True)
                 if done.outcome != "awaiting_approval" or done.approval_id is None:
-                    return args  # settled or blocked: the journal answers it once approved
+                    # Answered otherwise (settled, blocked, denied, expired): the journal
+                    # gives that answer when Pydantic AI executes the approved call.
+                    return args
                 current = journal.approval(done.approval_id)
         finally:
             self._done(ctx.conversation_id, session)
