@@ -138,8 +138,8 @@ async def refund(root: Path, step: str) -> str:
 
 
 def life(root: Path, step: str) -> None:
-    if step in ("ask", "approve_and_die", "resume"):
-        print(asyncio.run(refund(root, step)))
+    if step == "approve_and_die":
+        asyncio.run(refund(root, step))
     elif step == "crash":
         asyncio.run(run(root, "Charge card 4242 for 1999 cents.", "call_a1", "charge_card",
                         card="4242", cents=1999))
@@ -183,17 +183,13 @@ def main() -> None:
         print("The card was charged exactly once.")
 
         print("5. The model asks for a refund, which needs approval; the run pauses:")
-        asked = subprocess.run([sys.executable, me, "--life", tmp, "ask"],
-                               capture_output=True, text=True, check=True)
-        print("   walj approval request " + asked.stdout.strip())
+        print("   walj approval request " + asyncio.run(refund(root, "ask")))
         print("6. An operator approves it; the process is killed before the refund runs.")
         died = subprocess.run([sys.executable, me, "--life", tmp, "approve_and_die"])
         print(f"   exit status {died.returncode}; "
               f"ledger: {(root / 'ledger.txt').read_text().splitlines()}")
         print("7. The application starts again and resumes the saved run:")
-        resumed = subprocess.run([sys.executable, me, "--life", tmp, "resume"],
-                                 capture_output=True, text=True, check=True)
-        print("   " + resumed.stdout.strip())
+        print("   " + asyncio.run(refund(root, "resume")))
         lines = (root / "ledger.txt").read_text().splitlines()
         assert lines == ["4242 1999", "4242 -1999"], lines
         print("The refund ran once, on its approval.")
