@@ -17,6 +17,7 @@ from typing import Any
 
 import walj
 
+from ._approvals import open_approval
 from ._shared import approval_text, field
 
 # How the integration dispatches a call in its journal's turn: name, arguments, call id, the
@@ -41,14 +42,6 @@ async def tool_rule_says(rule: Any, ctx: Any, arguments: Mapping[str, Any],
     except Exception:
         return True
     return answer if isinstance(answer, bool) else True
-
-
-def latest_open(journal: walj.ToolJournal, tool: str | None,
-                call_id: str | None) -> walj.Approval | None:
-    """The call's pending request or unconsumed approval, if it has one (the latest)."""
-    found = [a for a in (*journal.recovery.approvals, *journal.recovery.approved)
-             if a.call_id == call_id and (tool is None or a.tool == tool)]
-    return max(found, key=lambda a: a.requested_at or 0.0) if found else None
 
 
 def _ask_only(**_arguments: Any) -> Any:
@@ -79,12 +72,12 @@ class JournaledApproval:
             return self.rule is not False
         if await tool_rule_says(self.rule, ctx, arguments, call_id):
             return True
-        return latest_open(self.journal, None, call_id) is not None
+        return open_approval(self.journal, call_id) is not None
 
     async def __call__(self, ctx: Any, arguments: dict[str, Any], call_id: str) -> bool:
         if not await self.needed(ctx, arguments, call_id):
             return False
-        current = latest_open(self.journal, None, call_id)
+        current = open_approval(self.journal, call_id)
         if current is not None:
             return current.status == "pending"
         done = await self.dispatch(self.name, arguments, call_id, walj.Tool(_ask_only), True)
@@ -110,7 +103,7 @@ def interruption_approval(item: Any, journal: walj.ToolJournal) -> walj.Approval
     journal holds none: the call was not paused by a journaled tool of this journal, or it
     was decided otherwise (denied, expired, consumed)."""
     tool, call_id = _identity(item)
-    found = latest_open(journal, tool, call_id) if call_id else None
+    found = open_approval(journal, call_id, tool) if call_id else None
     if found is None:
         raise walj.ApprovalError(
             f"the journal has no open approval for tool {tool!r}, call {call_id!r}",
@@ -161,7 +154,7 @@ def apply_journal_decisions(state: Any, journal: walj.ToolJournal) -> list[Any]:
     pending = []
     for item in state.get_interruptions():
         tool, call_id = _identity(item)
-        found = latest_open(journal, tool, call_id) if call_id else None
+        found = open_approval(journal, call_id, tool) if call_id else None
         if found is not None and found.status == "pending":
             pending.append(item)
         else:

@@ -24,6 +24,7 @@ from pydantic_ai.tools import (  # noqa: E402
     ToolDenied,
 )
 
+from ._approvals import open_approval  # noqa: E402
 from ._pydantic_ai_answers import ACTOR, METADATA_KEY  # noqa: E402
 
 # In a DeferredToolResults entry's walj metadata: an approval that only lets the journal answer
@@ -35,13 +36,6 @@ def needs_approval(tool_def: ToolDefinition) -> bool:
     """A call of this tool needs a walj approval: the tool was registered with
     `requires_approval=True` (Pydantic AI's "unapproved" kind)."""
     return tool_def.kind == "unapproved"
-
-
-def latest_open(journal: walj.ToolJournal, tool: str, call_id: str) -> walj.Approval | None:
-    """The call's pending request or unconsumed approval, if it has one (the latest)."""
-    found = [a for a in (*journal.recovery.approvals, *journal.recovery.approved)
-             if a.call_id == call_id and a.tool == tool]
-    return max(found, key=lambda a: a.requested_at or 0.0) if found else None
 
 
 def ask_only(**_arguments: Any) -> Any:
@@ -100,7 +94,7 @@ def record_decisions(journal: walj.ToolJournal, node: Any, call_ids: Mapping[str
         if not isinstance(answer, (ToolApproved, ToolDenied)):
             continue
         signed = _signature(metadata.get(call.tool_call_id))
-        current = latest_open(journal, call.tool_name, call_ids[call.tool_call_id])
+        current = open_approval(journal, call_ids[call.tool_call_id], call.tool_name)
         if signed.get(FROM_JOURNAL) or current is None or current.status != "pending":
             continue
         actor, note = signed.get("actor") or ACTOR, signed.get("note")

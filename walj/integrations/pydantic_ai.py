@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import walj
 
+from ._approvals import open_approval
 from ._journals import DEFAULT_IDLE_TIMEOUT, DEFAULT_LOCK_TIMEOUT, DEFAULT_MAX_OPEN, SessionJournals
 from ._require import require
 from ._shared import (
@@ -67,7 +68,6 @@ from ._pydantic_ai_approvals import (  # noqa: E402
     changed_arguments,
     deferral,
     journal_answers,
-    latest_open,
     needs_approval,
     record_decisions,
 )
@@ -309,7 +309,7 @@ class WaljCapability(AbstractCapability[Any]):
         try:
             journal = session.journal
             call_id = attempt_call_id(ctx, call)
-            current = latest_open(journal, call.tool_name, call_id)
+            current = open_approval(journal, call_id, call.tool_name)
             if current is None:
                 done = await self._dispatch(session, call.tool_name, call.args_as_dict(),
                                             call_id, walj.Tool(ask_only), approval=True)
