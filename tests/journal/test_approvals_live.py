@@ -17,6 +17,7 @@ import pytest
 from journal_helpers import Recorder, records
 
 import walj
+from walj.journal import known_ids
 from walj.journal import records as rc
 from walj.journal._requests import request_fields
 from walj.log import post_request
@@ -105,6 +106,7 @@ def test_approve_and_deny_session_decide_directly_when_no_one_holds_the_session(
         "denied", "too much")
     again = walj.deny_session(path, first, actor="bob@ops")
     assert (again.status, again.reason) == ("refused", "not_pending")
+    assert {first, second} <= known_ids(path)  # what an id prefix is expanded against
     assert not (path / "requests").exists()
 
 
