@@ -15,6 +15,12 @@ process; run without arguments it tells the story, in a temporary directory:
 3. An operator checks the ledger and resolves the interrupted call as succeeded, with the
    `walj resolve` command.
 4. The next run works again; the card was charged exactly once.
+5. The model asks to refund the charge. refund_card needs approval (`needs_approval=True`):
+   the run pauses, and walj has written a durable approval request bound to the arguments.
+6. An operator approves it: the approval is written to the journal first, then to the SDK's
+   RunState, and the process is killed right then, before the refund ran.
+7. The application starts again, carries the journal's decisions into the saved RunState and
+   resumes it: the refund runs once, with the approved arguments.
 
 Needs `pip install 'walj[openai-agents]'`. Linux or macOS (the first life kills itself).
 """
@@ -30,12 +36,18 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from agents import Agent, Runner, SQLiteSession, function_tool
+from agents import Agent, Runner, RunState, SQLiteSession, function_tool
 from agents.testing import ModelCall, ModelStep, ScriptedModel, assistant_message, function_call
 from agents.tracing import set_tracing_disabled
 
 import walj
-from walj.integrations.openai_agents import journal_tools, journaled_run
+from walj.integrations.openai_agents import (
+    apply_journal_decisions,
+    approve_interruption,
+    interruption_approval,
+    journal_tools,
+    journaled_run,
+)
 
 set_tracing_disabled(True)  # offline: no trace export
 SESSION = "customer:7"
@@ -86,8 +98,49 @@ async def run(root: Path, request: str, call_id: str, tool: str, **arguments: An
     return str(result.final_output)
 
 
+def refund_agent(root: Path, journal: walj.ToolJournal) -> Agent[Any]:
+    ledger = root / "ledger.txt"
+
+    @function_tool(needs_approval=True)
+    def refund_card(card: str, cents: int) -> str:
+        """Refund a charge to a card."""
+        with ledger.open("a") as file:
+            file.write(f"{card} -{cents}\n")
+            file.flush()
+            os.fsync(file.fileno())
+        return f"refunded {cents} cents to {card}"
+
+    return Agent(name="billing", instructions="Bill the customer.",
+                 model=model("call_r1", "refund_card", {"card": "4242", "cents": 1999}),
+                 tools=journal_tools([refund_card], journal))
+
+
+async def refund(root: Path, step: str) -> str:
+    saved = root / "run_state.json"
+    with walj.ToolJournal.open_session(root / "journals", SESSION, store_outputs=True) as journal:
+        agent = refund_agent(root, journal)
+        if step == "ask":
+            async with journaled_run(journal):
+                paused = await Runner.run(agent, "Refund that charge.")
+            [item] = paused.interruptions
+            saved.write_text(paused.to_state().to_string())
+            request = interruption_approval(item, journal)
+            return f"{request.approval_id} for {request.tool} {request.arguments_preview}"
+        state = await RunState.from_string(agent, saved.read_text())
+        if step == "approve_and_die":
+            [item] = state.get_interruptions()
+            approve_interruption(state, item, journal, actor="ops-bob", note="customer asked")
+            os.kill(os.getpid(), signal.SIGKILL)  # approved, and the process is gone
+        apply_journal_decisions(state, journal)  # the restarted application
+        async with journaled_run(journal):
+            done = await Runner.run(agent, state)
+    return str(done.final_output)
+
+
 def life(root: Path, step: str) -> None:
-    if step == "crash":
+    if step == "approve_and_die":
+        asyncio.run(refund(root, step))
+    elif step == "crash":
         asyncio.run(run(root, "Charge card 4242 for 1999 cents.", "call_a1", "charge_card",
                         card="4242", cents=1999))
     else:  # the restarted agent: the model re-plans the charge with a new call id
@@ -128,6 +181,18 @@ def main() -> None:
         lines = (root / "ledger.txt").read_text().splitlines()
         assert lines == ["4242 1999"], lines
         print("The card was charged exactly once.")
+
+        print("5. The model asks for a refund, which needs approval; the run pauses:")
+        print("   walj approval request " + asyncio.run(refund(root, "ask")))
+        print("6. An operator approves it; the process is killed before the refund runs.")
+        died = subprocess.run([sys.executable, me, "--life", tmp, "approve_and_die"])
+        print(f"   exit status {died.returncode}; "
+              f"ledger: {(root / 'ledger.txt').read_text().splitlines()}")
+        print("7. The application starts again and resumes the saved run:")
+        print("   " + asyncio.run(refund(root, "resume")))
+        lines = (root / "ledger.txt").read_text().splitlines()
+        assert lines == ["4242 1999", "4242 -1999"], lines
+        print("The refund ran once, on its approval.")
 
 
 if __name__ == "__main__":

@@ -132,3 +132,12 @@ def decide(journal: walj.ToolJournal, approval: walj.Approval, answer: Any) -> N
     except walj.ApprovalError as exc:
         if exc.reason != "not_pending":
             raise
+
+
+def open_approval(journal: walj.ToolJournal, call_id: str | None,
+                  tool: str | None = None) -> walj.Approval | None:
+    """The request of `call_id` (of `tool`, when given) that is pending, or approved and not
+    yet consumed, if any: the latest, which decides the call's next dispatch."""
+    found = [a for a in (*journal.recovery.approvals, *journal.recovery.approved)
+             if a.call_id == call_id and (tool is None or a.tool == tool)]
+    return max(found, key=lambda a: a.requested_at or 0.0) if found else None

@@ -1,10 +1,13 @@
 """A person's answer to the Pydantic AI tool calls walj deferred (`on_blocked="defer"`): the
-approvals, carrying resolutions, that the next run's `deferred_tool_results` takes."""
+approvals, carrying resolutions, that the next run's `deferred_tool_results` takes, and their
+resolutions written when the approved call is executed."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+
+import walj
 
 from ._require import require
 
@@ -55,3 +58,24 @@ def answer_blocked(requests: DeferredToolRequests, *, outcome: str, actor: str,
             "blockers": list(deferred.get("blockers") or []),
         }}
     return DeferredToolResults(approvals=approvals, metadata=metadata)
+
+
+def apply_answer(journal: walj.ToolJournal, metadata: Any) -> None:
+    """Write the resolutions a person's answer to a deferred call carries (see
+    `answer_blocked`), for each blocker that still blocks; the call is then dispatched,
+    and replay answers it from the resolution."""
+    answer = metadata.get(METADATA_KEY) if isinstance(metadata, Mapping) else None
+    if not isinstance(answer, Mapping) or "outcome" not in answer:
+        return  # a plain approval: dispatched as is (resolved beforehand, or blocked again)
+    blocking = {b.execution_id for b in journal.recovery.blockers}
+    turns = {b.turn_sequence for b in journal.recovery.blockers
+             if b.state == "interrupted_turn"}
+    actor, note = answer.get("actor") or ACTOR, answer.get("note")
+    for blocker in answer.get("blockers") or []:
+        if blocker.get("state") == "interrupted_turn":
+            if blocker.get("turn_sequence") in turns:
+                journal.resolve_turn(blocker["turn_sequence"], actor=actor,
+                                     note=note or "answered through deferred_tool_results")
+        elif blocker.get("execution_id") in blocking:
+            journal.resolve(blocker["execution_id"], answer["outcome"], actor=actor,
+                            note=note, output=answer.get("output"))

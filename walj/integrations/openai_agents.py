@@ -27,6 +27,12 @@ calls share a turn that opens with the first call and closes when the last concu
 ends: a crash inside a tool still blocks, but one after the tools returned and before the SDK
 saved the result to its Session does not (docs/INTEGRATIONS.md).
 
+Approvals. A tool's `needs_approval` keeps its rule, and the journal backs it: the SDK pauses
+on a durable walj approval request, `approve_interruption` / `deny_interruption` write the
+decision to the journal before the RunState carries it, `apply_journal_decisions` carries
+decisions made elsewhere (`walj approve`) into a state, and only the journal's approval of the
+call id, tool and arguments makes a call run, once (_agents_approvals).
+
 Sessions. `WaljSessions(root)` holds one journal per SDK session id under `root`:
 `async with sessions.run(session_id) as journal:` opens it (or reuses it), brackets the run as
 `journaled_run` does, and holds it open until the block ends; it is closed once idle for
@@ -37,19 +43,24 @@ journal, `close()` all of them.
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import json
 import os
-import weakref
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from contextvars import ContextVar
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import walj
 
+from ._agents_approvals import (
+    JournaledApproval,
+    apply_journal_decisions,
+    approve_interruption,
+    deny_interruption,
+    interruption_approval,
+)
+from ._agents_turns import LiveTurn, dispatch_call, journaled_run
 from ._journals import (
     DEFAULT_IDLE_TIMEOUT,
     DEFAULT_LOCK_TIMEOUT,
@@ -58,7 +69,13 @@ from ._journals import (
     SessionJournals,
 )
 from ._require import require
-from ._shared import BlockedMessage, blocked_answer, check_blocked_message
+from ._shared import (
+    BlockedMessage,
+    approval_answer,
+    approval_text,
+    blocked_answer,
+    check_blocked_message,
+)
 
 if TYPE_CHECKING:
     from agents.tool import FunctionTool
@@ -76,115 +93,11 @@ if not {"_failure_error_function", "_use_default_failure_error_function"} <= set
                       "pip install 'walj[openai-agents]'")
 
 __all__ = ["BLOCKED_PREFIX", "ERROR_PREFIX", "LiveTurn", "RepairedSession", "WaljSessions",
-           "journal_tools", "journaled_run", "repaired_session"]
+           "apply_journal_decisions", "approve_interruption", "deny_interruption",
+           "interruption_approval", "journal_tools", "journaled_run", "repaired_session"]
 
 BLOCKED_PREFIX = "not run: "
 ERROR_PREFIX = "error: "
-
-
-
-class LiveTurn(Protocol):
-    """What this module needs of a walj turn (`journal.turn()`), and what `journaled_run`
-    gives: the turn to dispatch in, `turn_id` and `sequence` to name it."""
-
-    sequence: int
-
-    @property
-    def turn_id(self) -> str: ...
-
-    async def adispatch(self, name: str, arguments: Any, *, call_id: str | None = None,
-                        handler: Any = None) -> walj.ToolResult: ...
-
-    async def __aenter__(self) -> Any: ...
-
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None: ...
-
-
-# The journals whose turn a `journaled_run` holds in this context: the SDK runs each tool call
-# in a task created inside `Runner.run`, and a task starts with a copy of its creator's context.
-_BRACKETS: ContextVar[tuple[tuple[walj.ToolJournal, LiveTurn], ...]] = ContextVar(
-    "walj_openai_agents_brackets", default=())
-
-
-@asynccontextmanager
-async def journaled_run(journal: walj.ToolJournal) -> AsyncIterator[LiveTurn]:
-    """`async with journaled_run(journal): await Runner.run(...)`: the run is one walj turn.
-
-    Journaled calls of `journal` made inside join it, concurrent ones too. Leaving the block
-    normally writes turn_completed; leaving it by an exception (or a crash) leaves the turn
-    incomplete, which blocks every later call once it held a tool call, until
-    `journal.resolve_turn` (or `walj resolve PATH --turn N`). Raises `LiveTurnError` while
-    another turn of the journal is live."""
-    if not isinstance(journal, walj.ToolJournal):
-        raise TypeError(f"journal must be a walj.ToolJournal, not {type(journal).__name__}")
-    async with journal.turn() as turn:
-        token = _BRACKETS.set((*_BRACKETS.get(), (journal, turn)))
-        try:
-            yield turn
-        finally:
-            _BRACKETS.reset(token)
-
-
-def _bracket(journal: walj.ToolJournal) -> LiveTurn | None:
-    for bracketed, turn in reversed(_BRACKETS.get()):
-        if bracketed is journal:
-            return turn
-    return None
-
-
-class _SharedTurn:
-    """The turn unbracketed calls of one journal share: opened by the first, closed by the
-    last. Opening and closing hold `lock`, so a call never meets a turn half open or closing."""
-
-    def __init__(self, journal: walj.ToolJournal, loop: asyncio.AbstractEventLoop) -> None:
-        self.journal = journal
-        self.loop = loop
-        self.lock = asyncio.Lock()
-        self.turn: LiveTurn | None = None
-        self.users = 0
-        self.failure: BaseException | None = None  # a dispatch that raised: left incomplete
-
-    async def acquire(self) -> LiveTurn:
-        async with self.lock:
-            if self.turn is None:
-                turn = self.journal.turn()
-                await turn.__aenter__()  # a cancelled entry leaves no live turn behind
-                self.turn, self.failure = turn, None
-            self.users += 1
-            return self.turn
-
-    async def release(self, failure: BaseException | None) -> None:
-        # Shielded: a caller cancelled here must still count itself out, or the turn would
-        # stay live for good and every later call of this journal would fail.
-        await asyncio.shield(self._release(failure))
-
-    async def _release(self, failure: BaseException | None) -> None:
-        async with self.lock:
-            self.users -= 1
-            if failure is not None and self.failure is None:
-                self.failure = failure
-            if self.users or self.turn is None:
-                return
-            turn, self.turn = self.turn, None
-            gone = self.failure
-            if gone is None:
-                await turn.__aexit__(None, None, None)
-            else:
-                await turn.__aexit__(type(gone), gone, gone.__traceback__)
-
-
-_SHARED: weakref.WeakKeyDictionary[walj.ToolJournal, _SharedTurn] = weakref.WeakKeyDictionary()
-
-
-def _shared(journal: walj.ToolJournal) -> _SharedTurn:
-    loop = asyncio.get_running_loop()
-    shared = _SHARED.get(journal)
-    # An idle one made on an event loop that is gone (an earlier asyncio.run) is replaced:
-    # its lock belongs to that loop.
-    if shared is None or (shared.loop is not loop and shared.users == 0):
-        shared = _SHARED[journal] = _SharedTurn(journal, loop)
-    return shared
 
 
 class _ReplayedError(Exception):
@@ -203,11 +116,13 @@ class _JournaledInvoker:
     model's JSON text."""
 
     def __init__(self, original: FunctionTool, inner: FunctionTool,
-                 journal: walj.ToolJournal, blocked_message: BlockedMessage) -> None:
+                 journal: walj.ToolJournal, blocked_message: BlockedMessage,
+                 approval: JournaledApproval | None = None) -> None:
         self.original = original  # its failure policy formats an error for the model
         self.inner = inner  # raises instead of formatting, and has no timeout of its own
         self.journal = journal
         self.blocked_message = blocked_message
+        self.approval = approval  # the tool's needs_approval, backed by the journal
 
     async def __call__(self, ctx: ToolContext[Any], arguments_json: str) -> Any:
         arguments = _arguments(arguments_json)
@@ -229,24 +144,17 @@ class _JournaledInvoker:
                 call.error = exc
                 raise
 
-        tool = walj.Tool(handler)
-        name = self.original.name
         valid_id = call_id if isinstance(call_id, str) and call_id else None
-        turn = _bracket(self.journal)
-        if turn is not None:
-            done = await turn.adispatch(name, arguments, call_id=valid_id, handler=tool)
-        else:
-            shared = _shared(self.journal)
-            own = await shared.acquire()
-            try:
-                done = await own.adispatch(name, arguments, call_id=valid_id, handler=tool)
-            except BaseException as exc:
-                await shared.release(exc)
-                raise
-            await shared.release(None)
+        approval = self.approval is not None and await self.approval.needed(
+            ctx, arguments, valid_id)
+        done = await dispatch_call(self.journal, self.original.name, arguments, valid_id,
+                                   walj.Tool(handler), approval)
         return await self._answer(ctx, done, call)
 
     async def _answer(self, ctx: ToolContext[Any], done: walj.ToolResult, call: _Call) -> Any:
+        answer = approval_answer(done)
+        if answer is not None:  # awaiting, denied or past its approval: nothing ran
+            return approval_text(answer)
         if done.outcome == "blocked":
             return BLOCKED_PREFIX + blocked_answer(done, self.blocked_message, self.journal)
         if done.outcome == "refused":
@@ -301,8 +209,17 @@ def _journaled(tool: Any, journal: walj.ToolJournal, index: int,
     inner._failure_error_function = None
     inner._use_default_failure_error_function = False
     inner.timeout_seconds = None
+    inner.needs_approval = False  # the outer tool's, below, is what the SDK asks
     outer = copy.copy(original)
-    outer.on_invoke_tool = _JournaledInvoker(original, inner, journal, blocked_message)
+    approval = None
+    if original.needs_approval is not False:
+        approval = JournaledApproval(
+            original.name, original.needs_approval, journal,
+            lambda name, arguments, call_id, tool, needed: dispatch_call(
+                journal, name, arguments, call_id, tool, needed))
+        outer.needs_approval = approval
+    outer.on_invoke_tool = _JournaledInvoker(original, inner, journal, blocked_message,
+                                             approval)
     return outer
 
 

@@ -14,21 +14,32 @@ a terminal record or a resolution from the record (replay), without running the 
 whose outcome is unknown (the process died inside it) is blocked. A blocked call raises
 `ToolFailed` with walj's message (the model sees it), or, with `on_blocked="defer"`,
 `CallDeferred`, so that a person answers it: see `answer_blocked`.
+
+A `requires_approval` tool's call is deferred with its walj approval request; the next run's
+`DeferredToolResults` become journal decisions (`approval_decisions` signs them), and only the
+journal's approval of the call id, tool and arguments makes the call run, once
+(_pydantic_ai_approvals).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
 import walj
 
+from ._approvals import open_approval
 from ._journals import DEFAULT_IDLE_TIMEOUT, DEFAULT_LOCK_TIMEOUT, DEFAULT_MAX_OPEN, SessionJournals
 from ._require import require
-from ._shared import BlockedMessage, blocked_answer, blockers_listed, check_blocked_message
+from ._shared import (
+    APPROVAL_OUTCOMES,
+    BlockedMessage,
+    blocked_answer,
+    blockers_listed,
+    check_blocked_message,
+)
 
 require("pydantic_ai", "pydantic-ai")  # first: a missing extra is named, not a bare import
 
@@ -41,10 +52,25 @@ from pydantic_ai.exceptions import (  # noqa: E402
     ToolFailed,
 )
 from pydantic_ai.messages import ModelRequest, ToolCallPart  # noqa: E402
-from pydantic_ai.tools import ToolDefinition  # noqa: E402
+from pydantic_ai.tools import ToolDefinition, ToolDenied  # noqa: E402
 from pydantic_core import to_jsonable_python  # noqa: E402
 
-from ._pydantic_ai_answers import ACTOR, ANSWER_OUTCOMES, METADATA_KEY, answer_blocked  # noqa: E402
+from ._pydantic_ai_answers import (  # noqa: E402
+    ACTOR,
+    ANSWER_OUTCOMES,
+    METADATA_KEY,
+    answer_blocked,
+    apply_answer,
+)
+from ._pydantic_ai_approvals import (  # noqa: E402
+    approval_decisions,
+    ask_only,
+    changed_arguments,
+    deferral,
+    journal_answers,
+    needs_approval,
+    record_decisions,
+)
 
 if TYPE_CHECKING:
     from pydantic_ai.capabilities import (
@@ -252,6 +278,10 @@ class WaljCapability(AbstractCapability[Any]):
         try:
             if session.turn is not None:  # a nested step: its calls join the live turn
                 return await handler(node)
+            if getattr(node, "tool_call_results", None):  # resumed with a person's answers
+                record_decisions(session.journal, node, {
+                    call.tool_call_id: attempt_call_id(ctx, call)
+                    for call in node.model_response.tool_calls})
             failure: Exception | None = None
             async with session.journal.turn() as turn:
                 session.turn = turn
@@ -266,6 +296,32 @@ class WaljCapability(AbstractCapability[Any]):
         finally:
             self._done(ctx.conversation_id, session)
 
+    # --- approvals ------------------------------------------------------------------------------
+
+    async def after_tool_validate(self, ctx: RunContext[Any], *, call: ToolCallPart,
+                                  tool_def: ToolDefinition, args: dict[str, Any]) -> Any:
+        """A call of a `requires_approval` tool that Pydantic AI defers is deferred with its
+        walj approval request (written the first time; the same one while it is pending), so
+        the run's `DeferredToolRequests.metadata[id]["walj"]` names the approval."""
+        if ctx.tool_call_approved or not needs_approval(tool_def):
+            return args
+        session = await self._acquire(ctx.conversation_id)
+        try:
+            journal = session.journal
+            call_id = attempt_call_id(ctx, call)
+            current = open_approval(journal, call_id, call.tool_name)
+            if current is None:
+                done = await self._dispatch(session, call.tool_name, call.args_as_dict(),
+                                            call_id, walj.Tool(ask_only), approval=True)
+                if done.outcome != "awaiting_approval" or done.approval_id is None:
+                    # Answered otherwise (settled, blocked, denied, expired): the journal
+                    # gives that answer when Pydantic AI executes the approved call.
+                    return args
+                current = journal.approval(done.approval_id)
+        finally:
+            self._done(ctx.conversation_id, session)
+        raise deferral(current)
+
     # --- calls ----------------------------------------------------------------------------------
 
     async def wrap_tool_execute(self, ctx: RunContext[Any], *, call: ToolCallPart,
@@ -273,14 +329,33 @@ class WaljCapability(AbstractCapability[Any]):
                                 handler: WrapToolExecuteHandler) -> Any:
         session = await self._acquire(ctx.conversation_id)
         try:
-            return await self._execute(ctx, session, call, args, handler)
+            return await self._execute(ctx, session, call, args, handler,
+                                       needs_approval(tool_def))
         finally:
             self._done(ctx.conversation_id, session)
 
+    async def _dispatch(self, session: _Session, name: str, arguments: dict[str, Any],
+                        call_id: str, tool: walj.Tool, *, approval: bool) -> walj.ToolResult:
+        """One dispatch in the step's walj turn, or in a turn of its own outside a step."""
+        options: dict[str, Any] = {"approval": True} if approval else {}
+        if session.turn is not None:
+            done: walj.ToolResult = await session.turn.adispatch(
+                name, arguments, call_id=call_id, handler=tool, **options)
+            return done
+        async with session.journal.turn() as own:  # a call outside a model response's step
+            return await own.adispatch(name, arguments, call_id=call_id, handler=tool,
+                                       **options)
+
     async def _execute(self, ctx: RunContext[Any], session: _Session, call: ToolCallPart,
-                       args: dict[str, Any], handler: WrapToolExecuteHandler) -> Any:
+                       args: dict[str, Any], handler: WrapToolExecuteHandler,
+                       approval: bool) -> Any:
         if ctx.tool_call_approved:
-            self._apply_answer(session.journal, ctx.tool_call_metadata)
+            if approval and changed_arguments(ctx.messages, call):
+                raise ToolFailed(
+                    "walj: not run: the approval changes the call's arguments "
+                    "(override_args); an approval covers only the arguments its request "
+                    "was made for")
+            apply_answer(session.journal, ctx.tool_call_metadata)
         attempt = _Attempt()
 
         async def run(**_arguments: Any) -> Any:
@@ -299,16 +374,9 @@ class WaljCapability(AbstractCapability[Any]):
 
         # The model's arguments (JSON), not the validated ones (which may hold objects JSON
         # cannot store): the same call sent again has the same fingerprint.
-        arguments = call.args_as_dict()
-        call_id = attempt_call_id(ctx, call)
-        tool = walj.Tool(run)
-        if session.turn is not None:
-            done = await session.turn.adispatch(call.tool_name, arguments, call_id=call_id,
-                                                handler=tool)
-        else:  # a call outside a model response's step: a turn of its own
-            async with session.journal.turn() as own:
-                done = await own.adispatch(call.tool_name, arguments, call_id=call_id,
-                                           handler=tool)
+        done = await self._dispatch(session, call.tool_name, call.args_as_dict(),
+                                    attempt_call_id(ctx, call), walj.Tool(run),
+                                    approval=approval)
         if attempt.ran:
             return attempt.value  # what the tool returned, not the journal's JSON copy
         if attempt.error is not None:
@@ -316,7 +384,12 @@ class WaljCapability(AbstractCapability[Any]):
         return self._answer(done, session.journal)
 
     def _answer(self, done: walj.ToolResult, journal: walj.ToolJournal) -> Any:
-        """The answer to a call walj did not run: blocked, replayed or refused."""
+        """The answer to a call walj did not run: blocked, replayed, refused, or waiting for,
+        denied or past an approval."""
+        if done.outcome == "awaiting_approval" and done.approval_id is not None:
+            raise deferral(journal.approval(done.approval_id), done.error)
+        if done.outcome in APPROVAL_OUTCOMES:
+            return ToolDenied(done.error or f"walj answered {done.outcome}; nothing ran")
         if done.outcome == "blocked":
             message = blocked_answer(done, self._blocked_message, journal)
             if self.on_blocked == "defer":
@@ -333,26 +406,6 @@ class WaljCapability(AbstractCapability[Any]):
             raise _replayed_error(done.error)
         raise ToolFailed(done.error or f"walj answered {done.outcome!r}; nothing ran")
 
-    def _apply_answer(self, journal: walj.ToolJournal, metadata: Any) -> None:
-        """Write the resolutions a person's answer to a deferred call carries (see
-        `answer_blocked`), for each blocker that still blocks; the call is then dispatched,
-        and replay answers it from the resolution."""
-        answer = metadata.get(METADATA_KEY) if isinstance(metadata, Mapping) else None
-        if not isinstance(answer, Mapping) or "outcome" not in answer:
-            return  # a plain approval: dispatched as is (resolved beforehand, or blocked again)
-        blocking = {b.execution_id for b in journal.recovery.blockers}
-        turns = {b.turn_sequence for b in journal.recovery.blockers
-                 if b.state == "interrupted_turn"}
-        actor, note = answer.get("actor") or ACTOR, answer.get("note")
-        for blocker in answer.get("blockers") or []:
-            if blocker.get("state") == "interrupted_turn":
-                if blocker.get("turn_sequence") in turns:
-                    journal.resolve_turn(blocker["turn_sequence"], actor=actor,
-                                         note=note or "answered through deferred_tool_results")
-            elif blocker.get("execution_id") in blocking:
-                journal.resolve(blocker["execution_id"], answer["outcome"], actor=actor,
-                                note=note, output=answer.get("output"))
-
 
 __all__ = ["ACTOR", "ANSWER_OUTCOMES", "METADATA_KEY", "WaljCapability", "answer_blocked",
-           "attempt_call_id", "journal_output"]
+           "approval_decisions", "attempt_call_id", "journal_answers", "journal_output"]
