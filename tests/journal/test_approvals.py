@@ -313,3 +313,22 @@ def test_a_decision_of_an_unknown_or_decided_request_and_a_mismatched_intent_cha
         assert (found.status, found.actor) == ("approved", "ann")
         with pytest.raises(walj.ApprovalError):
             journal.approval("apv-" + "b" * 32)
+
+
+def test_without_a_journal_a_call_that_needs_approval_never_runs() -> None:
+    ran: list[int] = []
+
+    def refund(amount: int) -> int:
+        ran.append(amount)
+        return amount
+
+    registry = {"refund": walj.Tool(refund, approval=lambda arguments: arguments["amount"] > 10),
+                "always": walj.Tool(refund, approval=True)}
+    calls = [{"name": "refund", "arguments": {"amount": 5}, "call_id": "small"},
+             {"name": "refund", "arguments": {"amount": 50}, "call_id": "large"},
+             {"name": "always", "arguments": {"amount": 1}, "call_id": "c"}]
+    small, large, always = walj.handle_function_calls(calls, registry)
+    assert small["output"] == 5 and small["error"] is None
+    for result in (large, always):
+        assert result["output"] is None and "needs a person's approval" in result["error"]
+    assert ran == [5]

@@ -4,11 +4,9 @@ approvals the records hold, is _approvalbook."""
 
 from __future__ import annotations
 
-import copy
 import math
 import secrets
 import time
-from collections.abc import Mapping
 from typing import Any
 
 from ..errors import ApprovalError, ResolutionError
@@ -19,7 +17,7 @@ from ._core import Core
 from ._fingerprint import Digest
 from ._records import Approval
 from ._resolve import Request, check_signature
-from ._tools import Tool, ToolContext, ToolResult
+from ._tools import ToolContext, ToolResult
 
 AWAITING, DENIED_OUTCOME, EXPIRED = "awaiting_approval", "denied", "approval_expired"
 
@@ -27,25 +25,6 @@ AWAITING, DENIED_OUTCOME, EXPIRED = "awaiting_approval", "denied", "approval_exp
 def new_approval_id() -> str:
     """`apv-` and 32 random hex digits."""
     return f"apv-{secrets.token_hex(16)}"
-
-
-def needed(tool: Tool, asked: Any, arguments: Mapping[str, Any]) -> bool:
-    """Whether this call needs approval: `asked` is dispatch's `approval` (True: this call
-    does; None or False: the tool's rule decides, which a caller cannot waive). A policy is
-    given a copy of the arguments; one that raises or answers anything but a bool fails
-    closed: the call needs approval."""
-    if asked is not None and not isinstance(asked, bool):
-        raise TypeError(f"approval must be True, False or None, not {asked!r}")
-    rule = tool.approval
-    if asked is True or rule is True:
-        return True
-    if rule is False:
-        return False
-    try:
-        answer = rule(copy.deepcopy(dict(arguments)))
-    except Exception:
-        return True
-    return answer is not False
 
 
 def admit(core: Core, context: ToolContext, arguments: dict[str, Any],

@@ -21,7 +21,7 @@ from ._fingerprint import (
     idempotency_key,
 )
 from ._observe import Observation
-from ._tools import Tool, ToolContext, ToolResult, as_tool
+from ._tools import Tool, ToolContext, ToolResult, as_tool, needs_approval
 
 # Execution ids: 128 random bits each, drawn from a generator of this module's own, seeded
 # from os.urandom (and again in a forked child, so parent and child never draw the same ids),
@@ -92,7 +92,7 @@ class Dispatch:
                  arguments: Any, call_id: Any, handler: Any, digest: Digest | None, *,
                  in_worker: bool, approval: Any = None) -> None:
         self.tool, self.arguments = _checked_call(core, name, arguments, call_id, handler)
-        self.needs_approval = _approvals.needed(self.tool, approval, self.arguments)
+        self.needs_approval = needs_approval(self.tool, approval, self.arguments)
         if self.needs_approval and call_id is None:
             raise ApprovalError(f"tool {name!r} needs approval, and an approval is bound to a "
                                 "call id: pass call_id=", reason="call_id_required")

@@ -3,6 +3,7 @@ function-call normalisation, and handle_function_calls (through a journal or wit
 
 from __future__ import annotations
 
+import copy
 import inspect
 import json
 from collections.abc import Callable, Mapping, Sequence
@@ -82,6 +83,25 @@ class Tool:
             raise TypeError("approval must be True, False or a callable policy(arguments)")
         object.__setattr__(self, "wants_context", takes_context(self.handler))
         object.__setattr__(self, "is_async", inspect.iscoroutinefunction(self.handler))
+
+
+def needs_approval(tool: Tool, asked: Any, arguments: Mapping[str, Any]) -> bool:
+    """Whether this call needs approval: `asked` is dispatch's `approval` (True: this call
+    does; None or False: the tool's rule decides, which a caller cannot waive). A policy is
+    given a copy of the arguments; one that raises or answers anything but a bool fails
+    closed: the call needs approval."""
+    if asked is not None and not isinstance(asked, bool):
+        raise TypeError(f"approval must be True, False or None, not {asked!r}")
+    rule = tool.approval
+    if asked is True or rule is True:
+        return True
+    if rule is False:
+        return False
+    try:
+        answer = rule(copy.deepcopy(dict(arguments)))
+    except Exception:
+        return True
+    return answer is not False
 
 
 def as_tool(value: Any, name: str = "?") -> Tool:
@@ -278,6 +298,11 @@ def handle_function_calls(
         return journal.handle_function_calls(calls, registry)
 
     def run(call: Call, index: int, tool: Tool) -> dict[str, Any]:
+        if needs_approval(tool, None, call.arguments):
+            # An approval exists only as a journal's record: without a journal, nothing can
+            # approve the call, so it never runs.
+            return error_result(call, index, f"tool {call.name!r} needs a person's approval, "
+                                "which only a journal records: nothing ran")
         entry = error_result(call, index, "")
         try:
             entry["output"] = invoke(tool, call.arguments, None)
