@@ -21,7 +21,7 @@ from ._common import (
     printable,
 )
 
-READ_COMMANDS = ("verify", "inspect", "dump", "tail", "timeline", "stats", "sweep")
+READ_COMMANDS = ("verify", "inspect", "dump", "tail", "timeline", "stats", "sweep", "approvals")
 WRITE_COMMANDS = ("resolve", "repair", "demo", "archive", "prune")
 
 EPILOG = """\
@@ -110,6 +110,23 @@ def _engines() -> str:
             f"JSON: {'msgspec' if _codec.HAVE_MSGSPEC else 'json (stdlib)'}")
 
 
+def _waiting(p: argparse.ArgumentParser, what: str) -> None:
+    waiting = p.add_mutually_exclusive_group()
+    waiting.add_argument("--wait", type=float, default=None, metavar="SECONDS",
+                         help=f"how long to wait for a live writer to apply {what} (default 10)")
+    waiting.add_argument("--no-wait", action="store_true",
+                         help="leave the request for the live writer and exit 3 at once")
+
+
+def _approval_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
+    """`approvals`, `approve` and `deny` (walj/cli/_approvals.py)."""
+    p = command("approvals", "pending approval requests, and approved ones not used yet, of "
+                "every session under ROOT", "root", "ROOT")
+    p.add_argument(*_JOBS, type=int, default=None, metavar="N",
+                   help="worker processes (default: CPU count, at most 8; 1: none)")
+    _flags(p, ("--all", "list expired approvals too"), _JSON)
+
+
 def build_parser(prog: str = "walj") -> argparse.ArgumentParser:
     from .. import __version__
 
@@ -167,6 +184,8 @@ def build_parser(prog: str = "walj") -> argparse.ArgumentParser:
     p.add_argument(*_JOBS, type=int, default=None, metavar="N",
                    help="worker processes (default: CPU count, at most 8; 1: none)")
     _flags(p, ("--all", "list active and ended logs too"), _JSON)
+
+    _approval_commands(command)
 
     p = command("resolve", "resolve a blocker durably (a live writer applies it)",
                 description="Resolve a blocker durably, under the writer lock or, while a live "
@@ -226,7 +245,7 @@ _COMMANDS = {"verify": ("_logcmds", "cmd_verify"), "stats": ("_logcmds", "cmd_st
              "inspect": ("_inspect", "cmd_inspect"), "timeline": ("_timeline", "cmd_timeline"),
              "sweep": ("_sweep", "cmd_sweep"), "archive": ("_archive", "cmd_archive"),
              "prune": ("_prune", "cmd_prune"), "resolve": ("_write", "cmd_resolve"),
-             "repair": ("_write", "cmd_repair")}
+             "repair": ("_write", "cmd_repair"), "approvals": ("_approvals", "cmd_approvals")}
 
 
 def _command(name: str) -> Callable[[argparse.Namespace], int]:
