@@ -52,6 +52,8 @@ from ._records import (
 from ._session_resolve import (
     DEFAULT_WAIT,
     SessionResolution,
+    approve_session,
+    deny_session,
     known_ids,
     request_release,
     resolve_session,
@@ -62,5 +64,6 @@ from ._tools import Tool, ToolContext, ToolResult, handle_function_calls
 __all__ = ["DEFAULT_WAIT", "Approval", "Blocker", "CompactReport", "Cut", "ExecutionEnd",
            "IncompleteTurn",
            "PendingLLMCall", "Recovery", "Resolution", "SessionResolution", "Tool", "ToolContext",
-           "ToolJournal", "ToolObserver", "ToolResult", "end_idle", "handle_function_calls",
+           "ToolJournal", "ToolObserver", "ToolResult", "approve_session", "deny_session",
+           "end_idle", "handle_function_calls",
            "known_ids", "request_release", "resolve_session", "resolve_session_turn"]

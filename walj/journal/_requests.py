@@ -1,6 +1,7 @@
 """Applying resolution requests: a live journal answers each request another process left in
-its log directory with one durable record (the resolution, or resolution_refused), and only
-then has the request file removed. docs/RECOVERY.md, "Live resolution".
+its log directory with one durable record (the resolution or approval decision, or
+resolution_refused), and only then has the request file removed. docs/RECOVERY.md, "Live
+resolution".
 
 Exactly once: the answer carries the request id, the recovery state remembers answered ids (and
 checkpoints carry them), so a request file found again after a crash between its answer and
@@ -17,7 +18,13 @@ import threading
 import weakref
 from typing import Any
 
-from ..errors import RecordTooLargeError, ResolutionError, SerializationError, WaljError
+from ..errors import (
+    ApprovalError,
+    RecordTooLargeError,
+    ResolutionError,
+    SerializationError,
+    WaljError,
+)
 from ..log import (
     PICK_UP_LIMIT,
     MalformedRequestError,
@@ -27,13 +34,14 @@ from ..log import (
     remove_request,
     remove_stale_requests,
 )
-from . import _resolve, _writes
+from . import _approvals, _resolve, _writes
 from ._core import Core
 
 RESOLVE = "resolve"  # an execution, a pending LLM call, or a log cut (ToolJournal.resolve)
 RESOLVE_TURN = "resolve_turn"  # an interrupted turn (ToolJournal.resolve_turn)
 RELEASE = "release"  # close the journal when idle (ToolJournal.open(release_on_request=True))
-REQUEST_KINDS = (RESOLVE, RESOLVE_TURN, RELEASE)
+APPROVE, DENY = "approve", "deny"  # decide an approval request (ToolJournal.approve, .deny)
+REQUEST_KINDS = (RESOLVE, RESOLVE_TURN, RELEASE, APPROVE, DENY)
 # When a pick-up runs: opening the journal, before an answer, or from the idle watcher.
 ON_OPEN, BEFORE_ANSWER, WHILE_IDLE = "open", "answer", "idle"
 # The longest text of a hostile field a refusal record repeats.
@@ -43,10 +51,11 @@ WATCH_INTERVAL = 1.0
 
 
 def request_fields(kind: str, target: Any, outcome: str | None, note: str | None,
-                   actor: str, at: float) -> dict[str, Any]:
-    """What a request file holds besides its id (docs/FORMAT.md, "Request files")."""
+                   actor: str, at: float, **more: Any) -> dict[str, Any]:
+    """What a request file holds besides its id (docs/FORMAT.md, "Request files"); `more`:
+    what a kind adds (an approval's `expires_at`)."""
     return {"kind": kind, "target": target, "outcome": outcome, "note": note, "actor": actor,
-            "at": at}
+            "at": at, **more}
 
 
 class Picker:
@@ -130,7 +139,7 @@ class Picker:
             if fields.get("kind") == RELEASE:
                 return self._release(request_id, fields, moment)
             _answer(core, request_id, fields)
-        except ResolutionError as exc:
+        except (ResolutionError, ApprovalError) as exc:
             self._refuse(request_id, fields, exc.reason or "refused", str(exc))
         except (SerializationError, RecordTooLargeError) as exc:  # refused before writing
             self._refuse(request_id, fields, "not_storable", str(exc))
@@ -180,6 +189,10 @@ def _answer(core: Core, request_id: str, fields: dict[str, Any]) -> None:
                          output=None, request=request)
     elif kind == RESOLVE_TURN:
         _resolve.resolve_turn(core, target, note=note, actor=actor, request=request)
+    elif kind in (APPROVE, DENY):
+        _approvals.decide(core, target, "approved" if kind == APPROVE else "denied",
+                          actor=actor, note=note, request=request,
+                          expires_at=fields.get("expires_at") if kind == APPROVE else None)
     else:
         raise ResolutionError(f"request kind {_shown(kind)!r} is not one this walj applies "
                               f"({', '.join(REQUEST_KINDS)})", reason="unknown_kind")

@@ -1,6 +1,6 @@
 """Resolving a session from outside the process that holds it: `walj.resolve_session` (and
-`resolve_session_turn`), which the CLI and any other process use. docs/RECOVERY.md, "Live
-resolution".
+`resolve_session_turn`, and the approval decisions `approve_session` and `deny_session`), which
+the CLI and any other process use. docs/RECOVERY.md, "Live resolution".
 
 A session no process holds is opened and resolved directly. One a live writer holds gets a
 resolution request (a durable file the writer applies as its own durable record); the asker
@@ -16,12 +16,19 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import DroppedWhileReadingError, LockedError, ResolutionError, WaljError
+from ..errors import (
+    ApprovalError,
+    DroppedWhileReadingError,
+    LockedError,
+    ResolutionError,
+    WaljError,
+)
 from ..log import holds_log, post_request, read
 from . import records as rc
+from ._approvals import check_decision
 from ._damage import REVIEWED
-from ._records import Recovery, Resolution
-from ._requests import RELEASE, RESOLVE, RESOLVE_TURN, request_fields
+from ._records import Approval, Recovery, Resolution
+from ._requests import APPROVE, DENY, RELEASE, RESOLVE, RESOLVE_TURN, request_fields
 from ._resolve import RESOLVE_OUTCOMES, check_signature
 from ._writes import now
 from .state import rebuild
@@ -31,7 +38,7 @@ DEFAULT_WAIT = 10.0
 # Refusals that depend on the journal's state, returned as REFUSED; the rest (a bad actor,
 # outcome or note) are the caller's mistake and raised before anything is asked.
 STATE_REASONS = ("unknown", "already_resolved", "already_terminal", "in_flight",
-                 "unknown_kind", "malformed", "not_storable")
+                 "unknown_kind", "malformed", "not_storable", "not_pending")
 _POLL = 0.05  # seconds between reads of the log while waiting
 _PROBE = 0.5  # seconds between tries to take the lock (a holder that went away)
 _RESOLUTION_KINDS = {rc.RESOLVED: "execution", rc.LLM_RESOLVED: "llm_call",
@@ -45,7 +52,8 @@ class SessionResolution:
     (the live writer did not answer within the wait: the request stays durable and is applied
     or refused once, by that writer or the next to open the session). `request_id`: the
     request's id, None when the session was resolved directly. `recovery`: the session's
-    recovery view after it (work in flight in a live writer not counted); None when queued."""
+    recovery view after it (work in flight in a live writer not counted); None when queued.
+    `approval`: an applied approval decision's approval, as it stands after it."""
 
     status: str
     resolution: Resolution | None = None
@@ -53,6 +61,7 @@ class SessionResolution:
     error: str | None = None
     request_id: str | None = None
     recovery: Recovery | None = None
+    approval: Approval | None = None
 
 
 def resolve_session(path: str | os.PathLike[str], execution_id: str, outcome: str, *,
@@ -86,6 +95,34 @@ def resolve_session_turn(path: str | os.PathLike[str], turn_sequence: int, *,
         raise ResolutionError(f"unknown turn {turn_sequence!r}", reason="unknown")
     return _ask(path, RESOLVE_TURN, turn_sequence, None, note, actor, wait,
                 lambda journal: journal.resolve_turn(turn_sequence, note=note, actor=actor))
+
+
+def approve_session(path: str | os.PathLike[str], approval_id: str, *, actor: str,
+                    note: str | None = None, expires_at: float | None = None,
+                    wait: float = DEFAULT_WAIT) -> SessionResolution:
+    """Approve pending request `approval_id` of the session in `path`, as ToolJournal.approve
+    does, whether or not another process holds it open; otherwise as resolve_session. A bad
+    actor, note or expiry raises ApprovalError before anything is asked."""
+    expiry = check_decision(actor, note, expires_at)
+    _check_approval_id(approval_id)
+    return _ask(path, APPROVE, approval_id, None, note, actor, wait,
+                lambda journal: journal.approve(approval_id, actor=actor, note=note,
+                                                expires_at=expiry),
+                expires_at=expiry)
+
+
+def deny_session(path: str | os.PathLike[str], approval_id: str, *, actor: str,
+                 note: str | None = None, wait: float = DEFAULT_WAIT) -> SessionResolution:
+    """Deny pending request `approval_id` of the session in `path`; as approve_session."""
+    check_decision(actor, note, None)
+    _check_approval_id(approval_id)
+    return _ask(path, DENY, approval_id, None, note, actor, wait,
+                lambda journal: journal.deny(approval_id, actor=actor, note=note))
+
+
+def _check_approval_id(approval_id: Any) -> None:
+    if not isinstance(approval_id, str) or not approval_id:
+        raise ApprovalError(f"unknown approval id {rc.show(approval_id)}", reason="unknown")
 
 
 def request_release(path: str | os.PathLike[str], *, actor: str, note: str | None = None,
@@ -134,7 +171,7 @@ def _free(path: str | os.PathLike[str]) -> bool:
 
 def _ask(path: str | os.PathLike[str], kind: str, target: Any, outcome: str | None,
          note: str | None, actor: str, wait: float,
-         directly: Callable[[Any], Resolution]) -> SessionResolution:
+         directly: Callable[[Any], Resolution | Approval], **more: Any) -> SessionResolution:
     seconds = _wait_seconds(wait)
     if not holds_log(path):
         raise FileNotFoundError(f"{os.fspath(path)!r} holds no walj log")
@@ -142,7 +179,8 @@ def _ask(path: str | os.PathLike[str], kind: str, target: Any, outcome: str | No
     if done is not None:
         return done
     next_seq = _end(path)
-    request_id = post_request(path, request_fields(kind, target, outcome, note, actor, now()))
+    request_id = post_request(path, request_fields(kind, target, outcome, note, actor, now(),
+                                                   **more))
 
     def gone() -> None:  # if the holder went away, opening applies pending requests
         _open_and_close(path)
@@ -191,19 +229,21 @@ def _open(path: str | os.PathLike[str]) -> Any:
 
 
 def _directly(path: str | os.PathLike[str],
-              resolve: Callable[[Any], Resolution]) -> SessionResolution | None:
+              resolve: Callable[[Any], Resolution | Approval]) -> SessionResolution | None:
     journal = _open(path)
     if journal is None:
         return None
     with journal:
         try:
-            resolution = resolve(journal)
-        except ResolutionError as exc:
+            made = resolve(journal)
+        except (ResolutionError, ApprovalError) as exc:
             if exc.reason not in STATE_REASONS:
                 raise
             return SessionResolution(REFUSED, reason=exc.reason, error=str(exc),
                                      recovery=journal.recovery)
-        return SessionResolution(APPLIED, resolution, recovery=journal.recovery)
+        if isinstance(made, Approval):
+            return SessionResolution(APPLIED, recovery=journal.recovery, approval=made)
+        return SessionResolution(APPLIED, made, recovery=journal.recovery)
 
 
 def _open_and_close(path: str | os.PathLike[str]) -> None:
@@ -245,24 +285,28 @@ def _answer_of(path: str | os.PathLike[str], request_id: str,
 
 def _outcome_of(path: str | os.PathLike[str], request_id: str, seq: int,
                 record: dict[str, Any]) -> SessionResolution:
-    recovery, resolutions = _rebuilt(path)
+    recovery, resolutions, approvals = _rebuilt(path)
     if record.get("kind") == rc.REQUEST_REFUSED:
         reason, error = record.get("reason"), record.get("error")
         return SessionResolution(REFUSED, reason=reason if isinstance(reason, str) else None,
                                  error=error if isinstance(error, str) else None,
                                  request_id=request_id, recovery=recovery)
+    if record.get("kind") == rc.APPROVAL_DECIDED:
+        return SessionResolution(APPLIED, request_id=request_id, recovery=recovery,
+                                 approval=approvals.get(record.get("approval_id")))
     resolution = next((r for r in resolutions if r.seq == seq), None) or _from_record(seq, record)
     return SessionResolution(APPLIED, resolution, request_id=request_id, recovery=recovery)
 
 
-def _rebuilt(path: str | os.PathLike[str]) -> tuple[Recovery | None, Iterable[Resolution]]:
-    """The session's recovery view and resolutions from a lock-free replay; (None, ()) when it
-    cannot be rebuilt now (a compaction under the read)."""
+def _rebuilt(path: str | os.PathLike[str]) -> tuple[Recovery | None, Iterable[Resolution],
+                                                    dict[Any, Approval]]:
+    """The session's recovery view, resolutions and approvals by id from a lock-free replay;
+    (None, (), {}) when it cannot be rebuilt now (a compaction under the read)."""
     try:
         state = rebuild(_records(path, 0))
-        return state.snapshot(), state.resolutions
+        return state.snapshot(), state.resolutions, state.approvals.entries
     except (WaljError, OSError):
-        return None, ()
+        return None, (), {}
 
 
 def _from_record(seq: int, record: dict[str, Any]) -> Resolution:
