@@ -22,12 +22,12 @@ from ._common import (
 )
 
 READ_COMMANDS = ("verify", "inspect", "dump", "tail", "timeline", "stats", "sweep", "approvals")
-WRITE_COMMANDS = ("resolve", "repair", "demo", "archive", "prune")
+WRITE_COMMANDS = ("resolve", "repair", "demo", "archive", "prune", "approve", "deny")
 
 EPILOG = """\
 exit codes: 0 clean or done; 1 problems found (damage, a blocked journal, a refused write);
-2 usage error or unreadable input; 3 `resolve` queued (the live writer did not answer in
-time); 130 interrupted (Ctrl-C; `tail -f` exits 0 instead).
+2 usage error or unreadable input; 3 `resolve`, `approve` or `deny` queued (the live writer
+did not answer in time); 130 interrupted (Ctrl-C; `tail -f` exits 0 instead).
 Read commands take no lock and never write: they work on a copied log, a read-only file
 system, and beside a live writer. `%(prog)s COMMAND --help` describes each command; every
 --json output names its schema and version in its "schema" field."""
@@ -125,6 +125,22 @@ def _approval_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
     p.add_argument(*_JOBS, type=int, default=None, metavar="N",
                    help="worker processes (default: CPU count, at most 8; 1: none)")
     _flags(p, ("--all", "list expired approvals too"), _JSON)
+    for name, text in (("approve", "approve a pending request durably: the call it names, "
+                        "with exactly its arguments, may then run once"),
+                       ("deny", "deny a pending request durably: the call it names never runs")):
+        p = command(name, text + " (a live writer applies it)")
+        p.add_argument("approval_id", metavar="APPROVAL_ID", help="as `walj approvals` lists it")
+        p.add_argument("--actor", required=True, metavar="NAME", help="who decides")
+        p.add_argument("--note", default=None, metavar="TEXT", help="why: what you checked")
+        if name == "approve":
+            expiry = p.add_mutually_exclusive_group()
+            expiry.add_argument("--expires-in", metavar="DURATION",
+                                help="the approval lapses unused after this long: 30m, 12h, 7d")
+            expiry.add_argument("--expires-at", metavar="ISO8601",
+                                help="... or at this time (2026-12-05T18:00:00Z; no offset: "
+                                "UTC)")
+        _waiting(p, "it")
+        _flags(p, _JSON)
 
 
 def build_parser(prog: str = "walj") -> argparse.ArgumentParser:
@@ -245,7 +261,8 @@ _COMMANDS = {"verify": ("_logcmds", "cmd_verify"), "stats": ("_logcmds", "cmd_st
              "inspect": ("_inspect", "cmd_inspect"), "timeline": ("_timeline", "cmd_timeline"),
              "sweep": ("_sweep", "cmd_sweep"), "archive": ("_archive", "cmd_archive"),
              "prune": ("_prune", "cmd_prune"), "resolve": ("_write", "cmd_resolve"),
-             "repair": ("_write", "cmd_repair"), "approvals": ("_approvals", "cmd_approvals")}
+             "repair": ("_write", "cmd_repair"), "approvals": ("_approvals", "cmd_approvals"),
+             "approve": ("_approvals", "cmd_approve"), "deny": ("_approvals", "cmd_deny")}
 
 
 def _command(name: str) -> Callable[[argparse.Namespace], int]:

@@ -16,6 +16,8 @@ from ..journal import (
     Approval,
     Blocker,
     Recovery,
+    approve_session,
+    deny_session,
     known_ids,
     resolve_session,
     resolve_session_turn,
@@ -28,7 +30,7 @@ from ..log import read
 from ..log.quarantine import cut_lines, read_manifest
 
 __all__ = ["DEFAULT_WAIT", "MAX_KEEP_TURNS", "Approval", "Blocker", "Rebuild", "JournalState",
-           "Recovery", "age", "blocker_json", "decode_record",
+           "Recovery", "age", "approve_session", "blocker_json", "decode_record", "deny_session",
            "end_idle_journal", "in_flight", "kind_of", "known_ids", "lookup_approval",
            "note_unrecorded", "rebuild", "resolve_session", "resolve_session_turn", "subject_of",
            "time_of", "turn_number"]
