@@ -45,24 +45,28 @@ def cli(*args: str | Path) -> Run:
     return Run(code, out.getvalue(), err.getvalue())
 
 
-def gated_journal(path: Path) -> tuple[str, str]:
-    """A clean session in which call HOSTILE waits for approval and call "c-approved" was
-    approved, to expire in an hour. Returns their approval ids."""
+def gated_journal(path: Path) -> tuple[str, str, str]:
+    """A clean session in which call HOSTILE waits for approval, call "c-approved" was
+    approved, to expire in an hour, and call "c-expired" was approved for 20 ms, now past.
+    Returns their approval ids."""
     with walj.ToolJournal.open(path, tools={"send": walj.Tool(send, approval=True)},
                                sync="never") as journal:
         with journal.turn() as turn:
             pending = turn.dispatch("send", {"to": "eve"}, call_id=HOSTILE)
             approved = turn.dispatch("send", {"to": "bob"}, call_id="c-approved")
-        assert pending.outcome == approved.outcome == "awaiting_approval"
-        assert pending.approval_id and approved.approval_id
+            lapsed = turn.dispatch("send", {"to": "bob"}, call_id="c-expired")
+        assert pending.approval_id and approved.approval_id and lapsed.approval_id
         journal.approve(approved.approval_id, actor="ann", expires_at=time.time() + 3600)
-    return pending.approval_id, approved.approval_id
+        lapses = time.time() + 0.02
+        journal.approve(lapsed.approval_id, actor="ann", expires_at=lapses)
+    time.sleep(max(0.0, lapses - time.time()))  # expired, unused, from here on
+    return pending.approval_id, approved.approval_id, lapsed.approval_id
 
 
 def test_approvals_across_sessions_then_approve_runs_the_call_once(tmp_path: Path) -> None:
     root = tmp_path / "root"
     waiting = root / "user1"
-    pending_id, approved_id = gated_journal(waiting)
+    pending_id, approved_id, expired_id = gated_journal(waiting)
     make_journal(root / "user2", blocked=True)  # blocked, no approvals: listed by neither
     damaged = root / "user3"
     make_journal(damaged)
@@ -80,21 +84,27 @@ def test_approvals_across_sessions_then_approve_runs_the_call_once(tmp_path: Pat
     assert by_id[approved_id]["status"] == "approved" and by_id[approved_id]["actor"] == "ann"
     assert by_id[approved_id]["expires_at"] > time.time() + 3000
     assert [u["path"] for u in report["unlisted"]] == [str(damaged)]
+    every = cli("approvals", root, "--json", "--jobs", "1", "--all").json()["approvals"]
+    assert {a["approval_id"]: a["status"] for a in every} == {
+        pending_id: "pending", approved_id: "approved", expired_id: "expired"}
 
     text = cli("approvals", root, "--jobs", "1")
     assert "\x1b" not in text.out and "\u202e" not in text.out and "\\x1b" in text.out
     assert "AWAITING" in text.out and "APPROVED" in text.out and "Not listed" in text.out
 
-    # Each view shows them, and a pending request makes none of them exit 1.
+    # Each view shows them, escaped, and a pending request makes none of them exit 1.
     for command in ("inspect", "timeline", "stats"):
-        assert cli(command, waiting).code == 0, command
+        shown = cli(command, waiting)
+        assert shown.code == 0 and "\x1b" not in shown.out and "\u202e" not in shown.out, command
+    assert "\\x1b]52" in cli("inspect", waiting).out and "AWAITING-APPROVAL" in cli(
+        "timeline", waiting).out
     inspected = cli("inspect", waiting, "--json").json()
     assert not inspected["blocked"]
     assert {a["approval_id"]: a["status"] for a in inspected["approvals"]} == {
-        pending_id: "pending", approved_id: "approved"}
+        pending_id: "pending", approved_id: "approved", expired_id: "expired"}
     swept = cli("sweep", waiting, "--json", "--jobs", "1").json()
     (session,) = swept["sessions"]
-    assert session["status"] == "active" and len(session["approvals"]) == 2
+    assert session["status"] == "active" and len(session["approvals"]) == 3
     assert "1 approval request pending in 1 log" in cli("sweep", waiting, "--jobs", "1").out
 
     # Decide the pending one; deciding it again, or an unknown id, is refused.
@@ -128,10 +138,10 @@ def test_approvals_across_sessions_then_approve_runs_the_call_once(tmp_path: Pat
 
     timeline = cli("timeline", waiting, "--json").json()
     statuses = {a["approval_id"]: a["status"] for t in timeline["turns"] for a in t["approvals"]}
-    assert statuses == {pending_id: "consumed", approved_id: "approved"}
+    assert statuses == {pending_id: "consumed", approved_id: "approved", expired_id: "expired"}
     stats = cli("stats", waiting, "--json").json()["approvals"]
-    assert stats == {"requested": 2, "approved": 2, "denied": 0, "consumed": 1, "pending": 0,
-                     "approved_unused": 1}
+    assert stats == {"requested": 3, "approved": 3, "denied": 0, "consumed": 1, "pending": 0,
+                     "approved_unused": 2}
 
 
 SERVER = textwrap.dedent("""

@@ -30,10 +30,60 @@ import os
 import random
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import walj
+
+
+class Approvals:
+    """The calls of tool "gated", which needs approval, and the approvals and denials given."""
+
+    def __init__(self, journal: walj.ToolJournal, rng: random.Random,
+                 say: Callable[[str], None], rnd: str) -> None:
+        self.journal, self.rng, self.say, self.rnd = journal, rng, say, rnd
+        self.calls = 0
+
+    def decide(self) -> None:
+        """Approve or deny some pending requests; an approval may lapse within milliseconds."""
+        rng = self.rng
+        for request in self.journal.recovery.approvals:
+            if rng.random() < 0.3:
+                continue
+            if rng.random() < 0.25:
+                self.journal.deny(request.approval_id, actor="torture", note="no")
+                self.say(f"D {request.approval_id}")
+                continue
+            expires = rng.choice([None, None, None, time.time() + 0.005])
+            self.journal.approve(request.approval_id, actor="torture", note="checked",
+                                 expires_at=expires)
+            self.say(f"A {request.approval_id}")
+
+    def dispatch(self, turn: walj.Turn) -> None:
+        """A call that needs approval: asked for, or run on the approval it got. A few call ids
+        at a time, renewed as they go (settled or denied ones stay so)."""
+        self.calls += 1
+        call_id = f"g{self.rnd}-{self.calls // 8}-{self.rng.randrange(3)}"
+        x = 1 if self.rng.random() < 0.15 else 0  # now and then not the arguments approved
+        self.tell(call_id, turn.dispatch("gated", {"x": x}, call_id=call_id))
+
+    def tell(self, call_id: str, result: walj.ToolResult) -> None:
+        say = self.say
+        if result.outcome == "awaiting_approval":
+            say(f"Q {result.approval_id} {call_id}")
+        elif result.outcome in ("denied", "approval_expired"):
+            say(f"E {result.approval_id} {result.outcome}")
+        elif result.outcome == "refused" and not result.execution_id:  # nothing written
+            say(f"W {call_id}")
+        elif result.replayed:
+            say(f"P {result.execution_id} {result.outcome}")
+        elif result.outcome == "refused":
+            say(f"N {result.execution_id}")
+        else:
+            if result.approval_id is not None:
+                say(f"U {result.approval_id} {result.execution_id}")
+            say(f"F {result.execution_id} {result.outcome}")
 
 
 def main() -> None:
@@ -97,44 +147,8 @@ def main() -> None:
             assert result.outcome == "blocked", result
             say(f"B {result.execution_id}")
         say(f"C {turn.sequence}")
-    def decide() -> None:
-        """Approve or deny some pending requests; an approval may lapse within milliseconds."""
-        for request in journal.recovery.approvals:
-            if rng.random() < 0.3:
-                continue
-            if rng.random() < 0.25:
-                journal.deny(request.approval_id, actor="torture", note="no")
-                say(f"D {request.approval_id}")
-                continue
-            expires = rng.choice([None, None, None, time.time() + 0.005])
-            journal.approve(request.approval_id, actor="torture", note="checked",
-                            expires_at=expires)
-            say(f"A {request.approval_id}")
 
-    gated_calls: list[int] = []
-
-    def gated(turn: walj.Turn) -> None:
-        """A call that needs approval: asked for, or run on the approval it got."""
-        # A few call ids at a time, renewed as they go (settled or denied ones stay so).
-        gated_calls.append(1)
-        call_id = f"g{rnd}-{len(gated_calls) // 8}-{rng.randrange(3)}"
-        x = 1 if rng.random() < 0.15 else 0  # now and then not the arguments approved
-        result = turn.dispatch("gated", {"x": x}, call_id=call_id)
-        if result.outcome == "awaiting_approval":
-            say(f"Q {result.approval_id} {call_id}")
-        elif result.outcome in ("denied", "approval_expired"):
-            say(f"E {result.approval_id} {result.outcome}")
-        elif result.outcome == "refused" and not result.execution_id:  # nothing written
-            say(f"W {call_id}")
-        elif result.replayed:
-            say(f"P {result.execution_id} {result.outcome}")
-        elif result.outcome == "refused":
-            say(f"N {result.execution_id}")
-        else:
-            if result.approval_id is not None:
-                say(f"U {result.approval_id} {result.execution_id}")
-            say(f"F {result.execution_id} {result.outcome}")
-
+    approvals = Approvals(journal, rng, say, rnd)
     settle()
     while True:
         turn = journal.turn()
@@ -146,7 +160,7 @@ def main() -> None:
                         with journal.llm_call(model="m", request={"q": i}) as call:
                             call.finish({"a": i})
                     if rng.random() < 0.3:
-                        gated(turn)
+                        approvals.dispatch(turn)
                         continue
                     name = rng.choice(plain)
                     # Call ids repeat across turns, so replay and its refusals run here too.
@@ -167,7 +181,7 @@ def main() -> None:
         if journal.recovery.blocked:
             settle()
         if rng.random() < 0.5:
-            decide()
+            approvals.decide()
 
 
 if __name__ == "__main__":

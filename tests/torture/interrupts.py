@@ -1146,9 +1146,7 @@ class JournalFollowUps:
             rep.fail("5", f"a replay of the files refuses: {exc}"[:300])
         if live is not None and replay is not None:
             mismatch = compare_views(live, replay, self.lenient)
-        if self.gated is not None and replay is not None and mismatch is None:
-            rep.stage = "the gated call again after the interrupt"
-            self._gated_dispatch(journal, replay, self.gated)
+        self._gated_dispatch(journal, replay, mismatch)
         rep.stage = "a dispatch after the interrupt"
         first = self._spy_dispatch(journal, 1)
         if mismatch is not None and not self.poisoned:
@@ -1188,11 +1186,16 @@ class JournalFollowUps:
             except Exception as exc:
                 rep.fail("2", f"journal {attempt} raised {type(exc).__name__}: {exc}")
 
-    def _gated_dispatch(self, journal: walj.ToolJournal, replay: walj.Recovery,
-                        call: dict[str, Any]) -> None:
-        """Dispatch the call that needs approval again: its handler runs once if a replay holds
-        an approved, unexpired, unused approval for it and nothing blocks; else never."""
+    def _gated_dispatch(self, journal: walj.ToolJournal, replay: walj.Recovery | None,
+                        mismatch: str | None) -> None:
+        """In an approval scenario, dispatch its call again: the handler runs once if a replay
+        holds an approved, unexpired, unused approval for it and nothing blocks; else never.
+        (Not when the live view differs from the replay: that is reported already.)"""
+        call = self.gated
+        if call is None or replay is None or mismatch is not None:
+            return
         rep = self.report
+        rep.stage = "the gated call again after the interrupt"
         ran: list[int] = []
         now = time.time()
         approved = [a for a in replay.approved if a.call_id == call["call_id"]

@@ -63,14 +63,18 @@ class TurnOracle:
                 self.turns.add(int(rest[0]))
             elif tag == "C":
                 self.completed.add(int(rest[0]))
-            elif tag == "Q":
-                self.requested[rest[0]] = rest[1]
-            elif tag in ("A", "D"):
-                self.decided[rest[0]] = "approved" if tag == "A" else "denied"
-            elif tag == "U":
-                self.used[rest[0]] = rest[1]
-            elif tag == "E":
-                self.unanswered.add(rest[0])
+            else:
+                self.feed_approval(tag, rest)
+
+    def feed_approval(self, tag: str, rest: list[str]) -> None:
+        if tag == "Q":
+            self.requested[rest[0]] = rest[1]
+        elif tag in ("A", "D"):
+            self.decided[rest[0]] = "approved" if tag == "A" else "denied"
+        elif tag == "U":
+            self.used[rest[0]] = rest[1]
+        elif tag == "E":
+            self.unanswered.add(rest[0])
 
     def check(self, path: Path, effects: Path, context: str) -> dict[str, str]:
         """Check the journal on disk; returns its execution blockers (id -> state)."""
