@@ -20,9 +20,10 @@ CHILD = Path(__file__).resolve().parent / "journal_crash_child.py"
 HANG_GUARD = 60.0  # seconds; only stops a broken child from hanging the run
 
 
-def run_and_kill(path: Path, effects: Path, point: str, *extra: str) -> None:
+def run_and_kill(path: Path, effects: Path, point: str, *extra: str,
+                 script: Path = CHILD) -> None:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    child = subprocess.Popen([sys.executable, str(CHILD), str(path), str(effects), point,
+    child = subprocess.Popen([sys.executable, str(script), str(path), str(effects), point,
                               *extra],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              cwd=ROOT, env=env)

@@ -21,8 +21,14 @@ DECISIONS = (APPROVED, DENIED)
 APPROVAL_ID = re.compile(r"apv-[0-9a-f]{32}")
 
 
+def as_item(entry: Approval) -> dict[str, Any]:
+    """An approval as a checkpoint carries it (item `approval`)."""
+    return {"item": "approval", **dataclasses.asdict(entry)}
+
+
 def _bad(seq: int, record: Mapping[str, Any], field: str, what: str) -> CorruptionError:
-    return CorruptionError(f"journal record {seq} ({record.get('kind')}) has {field} "
+    what_record = record.get("kind") or f"checkpoint item {r.show(record.get('item'))}"
+    return CorruptionError(f"journal record {seq} ({what_record}) has {field} "
                            f"{r.show(record.get(field))}, not {what}", seq=seq,
                            kind="journal_record")
 
@@ -37,6 +43,17 @@ def _text(seq: int, record: Mapping[str, Any], field: str) -> str:
 def _opt_text(record: Mapping[str, Any], field: str) -> str | None:
     value = record.get(field)
     return value if isinstance(value, str) else None
+
+
+def _opt_time(seq: int, record: Mapping[str, Any], field: str) -> float | None:
+    """None, or a plausible time (anything else is refused: an expiry must be readable)."""
+    value = record.get(field)
+    if value is None:
+        return None
+    found = r.time_of(value)
+    if found is None:
+        raise _bad(seq, record, field, "a time")
+    return found
 
 
 def approval_id_of(seq: int, record: Mapping[str, Any]) -> str:
@@ -85,10 +102,7 @@ class ApprovalBook:
         if decision not in DECISIONS:
             raise _bad(seq, record, "decision", "'approved' or 'denied'")
         actor = _text(seq, record, "actor")
-        expires = record.get("expires_at")
-        expires_at = None if expires is None else r.time_of(expires)
-        if expires is not None and expires_at is None:  # fail closed: no unreadable expiry
-            raise _bad(seq, record, "expires_at", "a time")
+        expires_at = _opt_time(seq, record, "expires_at")  # fail closed: no unreadable expiry
         entry = self.entries.get(approval_id)
         if entry is None or entry.status != PENDING:
             return
@@ -112,8 +126,31 @@ class ApprovalBook:
             entry, status=CONSUMED, execution_id=execution_id)
         self.unconsumed -= 1
 
+    def load_item(self, seq: int, item: Mapping[str, Any]) -> None:
+        """A checkpoint's `approval` item (as `as_item` wrote it), each field checked."""
+        status = item.get("status")
+        if status not in (PENDING, APPROVED, DENIED):
+            raise _bad(seq, item, "status", "'pending', 'approved' or 'denied'")
+        turn = item.get("turn_sequence")
+        if turn is not None and r.turn_number(turn) is None:
+            raise _bad(seq, item, "turn_sequence", "a turn number")
+        self.load(Approval(
+            approval_id=approval_id_of(seq, item), tool=_text(seq, item, "tool"),
+            call_id=_text(seq, item, "call_id"),
+            arguments_sha256=_text(seq, item, "arguments_sha256"),
+            arguments_preview=_opt_text(item, "arguments_preview"),
+            idempotency_key=_text(seq, item, "idempotency_key"), turn_sequence=turn,
+            requested_by=_opt_text(item, "requested_by"),
+            requested_at=_opt_time(seq, item, "requested_at"), status=status,
+            actor=_opt_text(item, "actor"), note=_opt_text(item, "note"),
+            decided_at=_opt_time(seq, item, "decided_at"),
+            expires_at=_opt_time(seq, item, "expires_at"),
+            execution_id=_opt_text(item, "execution_id")))
+
     def load(self, entry: Approval) -> None:
         """An approval a checkpoint carried (pending, approved or denied)."""
+        if entry.approval_id in self.entries:
+            return
         self.entries[entry.approval_id] = entry
         self.latest[entry.call_id] = entry.approval_id
         if entry.status == APPROVED:

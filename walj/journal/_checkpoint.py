@@ -374,4 +374,5 @@ _LOADERS: dict[str, Callable[[CheckpointLoad, JournalState, int, Mapping[str, An
     "resolution": CheckpointLoad._resolution, "settled_calls": CheckpointLoad._settled_calls,
     "forgotten_calls": CheckpointLoad._forgotten,
     "applied_requests": CheckpointLoad._applied_requests,
+    "approval": lambda load, state, seq, item: state.approvals.load_item(seq, item),
 }

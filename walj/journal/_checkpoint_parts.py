@@ -15,6 +15,7 @@ from typing import Any
 from .. import _codec
 from ..errors import RecordTooLargeError
 from . import records as r
+from ._approvalbook import as_item
 from ._checkpoint import _bad, _decoded, _get, _str, _strs
 
 # The state is a state.JournalState, typed `Any` here: that module imports this one.
@@ -49,6 +50,8 @@ def _items(state: JournalState, settling: Mapping[str, tuple[dict[str, Any], int
            "replay_window": state.calls.window, "forgotten_calls": filter_bits is not None}
     yield from _open_items(state)
     yield from _resolution_items(state)
+    for approval in state.approvals.carried():
+        yield as_item(approval)
     applied = list(state.requests.order)
     for start in range(0, len(applied), _REQUEST_IDS_PER_ITEM):
         yield {"item": "applied_requests", "ids": applied[start:start + _REQUEST_IDS_PER_ITEM]}
