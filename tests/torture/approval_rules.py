@@ -53,16 +53,17 @@ class ApprovalLedger:
     def _used(self, seq: int, intent: Mapping[str, Any]) -> Iterator[str]:
         aid, eid = intent["approval_id"], intent["execution_id"]
         request = self.requests.get(aid)
-        if request is None:
+        if aid in self.used_by:
+            yield (f"intent {eid[:8]} (seq {seq}) ran on approval {aid}, already used by "
+                   f"{self.used_by[aid][:8]}: twice on one approval")
+        if request is None:  # before a checkpoint, its records compacted away: use is all
             if not self.checkpointed:
                 yield f"intent {eid[:8]} (seq {seq}) names approval {aid}, never requested"
+            self.used_by.setdefault(aid, eid)
             return
         if self.decisions.get(aid) != "approved":
             yield (f"intent {eid[:8]} (seq {seq}) ran on approval {aid}, which is "
                    f"{self.decisions.get(aid, 'pending')}")
-        if aid in self.used_by:
-            yield (f"intent {eid[:8]} (seq {seq}) ran on approval {aid}, already used by "
-                   f"{self.used_by[aid][:8]}: twice on one approval")
         for key in ("call_id", "tool", "arguments_sha256"):
             if intent.get(key) != request.get(key):
                 yield (f"intent {eid[:8]} (seq {seq}) ran on approval {aid} with another "

@@ -348,8 +348,9 @@ def _reconcile_fails(blocker: walj.Blocker) -> str | None:
 
 TOOLS: dict[str, Any] = {"ok": ok, "err": err, "cancelled": cancelled, "aok": aok, "aerr": aerr,
                          "acancelled": acancelled, "gated": walj.Tool(ok, approval=True)}
-# The call that needs approval in the approval scenarios.
+# The call that needs approval in the approval scenarios, and the bases that ask for it.
 GATED = {"tool": "gated", "arguments": {"x": 1}, "call_id": "g1"}
+ASKING = ("pending", "approved", "decided")
 OPEN_TOOLS: dict[str, Any] = {
     **TOOLS,
     "assume": walj.Tool(ok, on_ambiguous="assume_done"),
@@ -372,19 +373,23 @@ def build_journal(path: Path, mode: str, kind: str) -> list[str]:
     output stored: a dispatch of it again is replayed, before the blocked check), or
     "compactable" (settled, then a checkpoint and a turn after it: segments to drop), or
     "pending" / "approved" (one completed turn, and the GATED call's approval requested, or
-    requested and approved). Returns the blockers' execution ids."""
+    requested and approved), or "decided" (approved, and two more calls' requests, one
+    pending and one denied). Returns the blockers' execution ids."""
     with walj.ToolJournal.open(path, store_outputs=kind in ("settled", "compactable"),
-                               tools=TOOLS if kind in ("pending", "approved") else None,
+                               tools=TOOLS if kind in ASKING else None,
                                **options(mode)) as journal:
         with journal.turn() as turn:
             turn.dispatch("ok", {"x": 0}, handler=ok)
-        if kind in ("pending", "approved"):
+        if kind in ASKING:
             with journal.turn() as turn:
-                asked = turn.dispatch(GATED["tool"], GATED["arguments"],
-                                      call_id=GATED["call_id"])
-            assert asked.outcome == "awaiting_approval" and asked.approval_id, asked
-            if kind == "approved":
-                journal.approve(asked.approval_id, actor="ann", note="checked")
+                asked = [turn.dispatch(GATED["tool"], GATED["arguments"], call_id=call_id)
+                         for call_id in (GATED["call_id"], "g2", "g3")[:3 if kind == "decided"
+                                                                         else 1]]
+            assert all(a.outcome == "awaiting_approval" and a.approval_id for a in asked), asked
+            if kind != "pending":
+                journal.approve(asked[0].approval_id, actor="ann", note="checked")
+            if kind == "decided":
+                journal.deny(asked[2].approval_id, actor="ann", note="no")
         if kind in ("settled", "compactable"):
             with journal.turn() as turn:
                 turn.dispatch("ok", {"x": 1}, handler=ok, call_id="c1")
@@ -402,8 +407,7 @@ def build_journal(path: Path, mode: str, kind: str) -> list[str]:
             asyncio.run(_cancelled_together(journal, ["assume", "recon", "rnone", "rfail"]))
     with walj.ToolJournal.open(path, recovery="salvage") as journal:
         blockers = journal.recovery.blockers
-    want = {"fresh": 0, "blocked": 1, "many": 4, "settled": 1, "compactable": 1, "pending": 0,
-            "approved": 0}[kind]
+    want = {"fresh": 0, "blocked": 1, "many": 4, "settled": 1, "compactable": 1}.get(kind, 0)
     assert len(blockers) == want and all(b.state == "ambiguous" for b in blockers), \
         f"could not prepare the {kind} journal: {blockers}"
     return [b.execution_id for b in blockers if b.execution_id]
@@ -449,7 +453,7 @@ class JournalScenario(Scenario):
              "compact": "compactable", "request_apply": "blocked",
              "request_refused": "blocked", "open_request": "blocked",
              "dispatch_approved": "approved", "decide_approved": "pending",
-             "decide_denied": "pending"}
+             "decide_denied": "pending", "compact_approvals": "decided"}
     BASES.update({f"{op}_observed": base for op, base in list(BASES.items())})
 
     def __init__(self, mode: str, op: str) -> None:
@@ -574,6 +578,9 @@ class JournalScenario(Scenario):
                          acks: JournalAcks) -> None:
         """A dispatch that asks for approval, or runs on one; an approval or a denial."""
         aid = self.approval_id
+        if op == "compact_approvals":  # its checkpoint must carry what the dropped ones said
+            inj.call(lambda: journal.compact(keep_turns=0))
+            return
         if op in ("decide_approved", "decide_denied"):
             decide = journal.approve if op == "decide_approved" else journal.deny
             inj.call(lambda: decide(aid, actor="ann", note="checked"))
@@ -624,8 +631,10 @@ JOURNAL_OPS = ("turn_enter", "turn_exit", "dispatch_ok", "dispatch_error", "disp
                "dispatch_refused", "resolve", "open_settle", "close", "dispatch_replayed",
                "dispatch_replay_refused", "checkpoint", "compact", "request_apply",
                "request_refused", "open_request")
-# Dispatch of a call that needs approval (asking for it; running on it), approve and deny.
-APPROVAL_OPS = ("dispatch_approval", "dispatch_approved", "decide_approved", "decide_denied")
+# Dispatch of a call that needs approval (asking for it; running on it), approve and deny, and
+# a compaction whose checkpoint carries the pending, approved and denied requests it drops.
+APPROVAL_OPS = ("dispatch_approval", "dispatch_approved", "decide_approved", "decide_denied",
+                "compact_approvals")
 ASYNC_OPS = ("aturn_enter", "aturn_exit", "adispatch_ok", "adispatch_error",
              "adispatch_cancelled", "adispatch_sync", "adispatch_replayed")
 
