@@ -648,8 +648,10 @@ def test_interrupt_journal(tmp_path: Path, op: str, mode: str) -> None:
     run_scenario(JournalScenario(mode, op), tmp_path, group)
 
 
-@pytest.mark.parametrize("mode", APPROVAL_MODES)
-@pytest.mark.parametrize("op", APPROVAL_OPS)
+@pytest.mark.parametrize(("op", "mode"), [
+    (op, mode) for op in APPROVAL_OPS for mode in APPROVAL_MODES
+    # A compaction has a thousand distinct lines: one sync mode by default.
+    if op != "compact_approvals" or mode == "never" or SCALE >= 2])
 def test_interrupt_journal_approvals(tmp_path: Path, op: str, mode: str) -> None:
     run_scenario(JournalScenario(mode, op), tmp_path)
 
