@@ -213,15 +213,29 @@ def test_approve_and_deny_refuse_bad_input_and_write_nothing(tmp_path: Path) -> 
         assert isinstance(unknown_id.value, walj.WaljError)
 
 
-def test_a_pending_request_blocks_no_other_call(tmp_path: Path) -> None:
-    send, other = Recorder(), Recorder("other")
-    with _open(tmp_path / "j", {"send": walj.Tool(send, approval=True), "other": other}) as j:
+class Ends(walj.ToolObserver):
+    def __init__(self) -> None:
+        self.ends: list[tuple[str, str | None]] = []
+
+    def on_end(self, end: walj.ExecutionEnd) -> None:
+        assert end.result is not None
+        self.ends.append((end.outcome, end.result.approval_id))
+
+
+def test_a_pending_request_blocks_no_other_call_and_observers_see_the_answer(
+        tmp_path: Path) -> None:
+    send, other, seen = Recorder(), Recorder("other"), Ends()
+    tools = {"send": walj.Tool(send, approval=True), "other": other}
+    with _open(tmp_path / "j", tools, observers=[seen]) as j:
         with j.turn() as turn:
-            assert turn.dispatch("send", {}, call_id="c1").outcome == "awaiting_approval"
+            waiting = turn.dispatch("send", {}, call_id="c1")
+            assert waiting.outcome == "awaiting_approval"
             assert turn.dispatch("other", {}, call_id="c2").outcome == "ok"
         assert not j.is_blocked() and not j.recovery.blocked
         assert _dispatch(j, "other", {}, "c3").outcome == "ok"
     assert len(other.calls) == 2 and send.calls == []
+    assert seen.ends == [("awaiting_approval", waiting.approval_id), ("ok", None),
+                         ("ok", None)]
 
 
 def test_adispatch_applies_the_same_rules(tmp_path: Path) -> None:

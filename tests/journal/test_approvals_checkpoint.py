@@ -38,6 +38,11 @@ def test_approvals_survive_checkpoint_compaction_and_reopen_and_are_consumed_onc
         journal.deny(ids["c3"], actor="ann@ops", note="no")
         journal.approve(ids["c4"], actor="ann@ops")
         assert _send(journal, "c4").outcome == "ok"  # consumed before the checkpoint
+        first = journal.checkpoint()
+        whole = rebuild((r.seq, r.data) for r in walj.read(path)).approvals.entries
+        carried = rebuild((r.seq, r.data) for r in walj.read(path, first)).approvals.entries
+        assert carried == {k: v for k, v in whole.items() if v.status != "consumed"}
+        assert len(carried) == 3 and len(whole) == 4
         report = journal.compact()
         assert report is not None
         assert next(iter(walj.read(path))).seq > 1  # the requests' records are gone

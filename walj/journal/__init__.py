@@ -6,9 +6,10 @@ previews; on open one pass over the log, from its last complete checkpoint, rebu
 unmatched intent, interrupted turn, pending LLM call and unexplained cut, and dispatch is
 refused (fail closed) until a person, a reconcile hook or a per-tool policy settles each one
 with a durable record. A caller-given call id dispatched again after it settled is answered from
-its record (replayed) or refused, and its handler is not run again. The live state in a process
-always equals what a replay of its log would rebuild. Nothing is silently replayed; this is not
-exactly-once.
+its record (replayed) or refused, and its handler is not run again. A call that needs a
+person's approval runs only on a durable approval of exactly its call id, tool and arguments,
+consumed once by its intent. The live state in a process always equals what a replay of its
+log would rebuild. Nothing is silently replayed; this is not exactly-once.
 
 It never touches a file descriptor or a path inside the log directory: it reaches the log only
 through walj.log's public surface (Log, read, the errors) and the replay hooks

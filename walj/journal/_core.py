@@ -255,11 +255,10 @@ class Core:
 
     def begin(self, started: dict[str, Any], execution_id: str, *, reserved: bool = False,
               admit: Callable[[], Any] | None = None) -> Any:
-        """Durably write the intent and make the execution live, unless dispatch is blocked:
-        then write tool_execution_blocked and return the blockers. One atomic step. With
-        `reserved`, only while the reservation stands: a caller that gave up took it back.
-        `admit()`, asked once not blocked: None lets the intent be written, else it is
-        returned instead (an approval's answer)."""
+        """Durably write the intent and make the execution live, unless dispatch is blocked
+        (then write tool_execution_blocked and return the blockers) or `admit()` answers
+        (an approval's answer, returned). One atomic step. With `reserved`, only while the
+        reservation stands: a caller that gave up took it back."""
 
         def live(seq: int) -> None:
             abandoned = self._abandoned.pop(execution_id, None)

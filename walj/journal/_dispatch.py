@@ -140,10 +140,8 @@ class Dispatch:
         return replayed
 
     def admit(self) -> ToolResult | None:
-        """With the write lock held, before the intent: None when the call may run (it needs no
-        approval, or its intent now names the one it consumes), else the approval's answer."""
-        if not self.needs_approval:
-            return None
+        """For a call that needs approval, with the write lock held, before the intent: None
+        when it may run (its intent now names the approval it consumes), else the answer."""
         return _approvals.admit(self.core, self.context, self.arguments, self.started)
 
     def not_begun(self, answer: Any) -> ToolResult:

@@ -8,8 +8,9 @@ or UnknownToolError before anything was written is not observed):
   `adispatch`, in the caller's task), so an observer may make its own context current for the
   handler;
 - `on_end(end)`: once the terminal record is durable (or the blocked, replayed or refused
-  record written), or once an interrupted dispatch has done its recovery work, in that same
-  thread or task, before dispatch returns or raises;
+  record written, or a call that needs approval answered without running), or once an
+  interrupted dispatch has done its recovery work, in that same thread or task, before
+  dispatch returns or raises;
 - `on_resolved(resolution)`: once a resolution (a person's, a policy's or a reconcile hook's)
   is durable, outside the journal's locks.
 
@@ -38,8 +39,10 @@ HOOKS = ("on_start", "on_end", "on_resolved")
 class ExecutionEnd(NamedTuple):
     """What `on_end` is told about one dispatch.
 
-    `outcome`: "ok", "error", "cancelled", "blocked" or "refused" as in the result (whose
-    `replayed` says it was answered from a settled call's record). When dispatch raised,
+    `outcome`: "ok", "error", "cancelled", "blocked", "refused", "awaiting_approval", "denied"
+    or "approval_expired" as in the result (whose `replayed` says it was answered from a
+    settled call's record, and `approval_id` names the approval it awaits, was answered by, or
+    ran on). When dispatch raised,
     what the journal recorded or queued for it: "ambiguous" while the execution blocks (an
     interrupt, a cancellation while the handler ran, `ToolOutcomeUnknown`, a terminal record
     that could not be written), a terminal record's outcome if one had landed, and "cancelled"

@@ -322,8 +322,9 @@ def _from_record(seq: int, record: dict[str, Any]) -> Resolution:
 
 
 def known_ids(path: str | os.PathLike[str]) -> set[str]:
-    """Every execution, LLM call and cut id the log names (open, finished or resolved, and those
-    a checkpoint carries), read without a lock: what an id prefix is expanded against."""
+    """Every execution, LLM call, cut and approval id the log names (open, finished or
+    resolved, and those a checkpoint carries), read without a lock: what an id prefix is
+    expanded against."""
     found: set[str] = set()
     for _, data in _records(path, 0):
         if not isinstance(data, dict):
@@ -331,10 +332,13 @@ def known_ids(path: str | os.PathLike[str]) -> set[str]:
         subject = rc.subject_of(data)
         if isinstance(subject, str):
             found.add(subject)
+        if data.get("kind") == rc.APPROVAL_REQUESTED and isinstance(data.get("approval_id"),
+                                                                    str):
+            found.add(data["approval_id"])
         items = data.get("items") if data.get("kind") == rc.CHECKPOINT else None
         for item in items if isinstance(items, list) else ():
             if isinstance(item, dict):
-                for key in ("execution_id", "llm_call_id", "quarantine_file"):
+                for key in ("execution_id", "llm_call_id", "quarantine_file", "approval_id"):
                     if isinstance(item.get(key), str):
                         found.add(item[key])
     return found

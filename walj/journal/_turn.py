@@ -133,9 +133,11 @@ class Turn(TurnSlot):
                 replayed = _replay.answer(self._core, run.context, run.arguments)
                 if replayed is not None:
                     return run.answered(replayed)
+            admit = None
             if run.needs_approval:
                 self._core.take_requests()  # a decision left by another process counts
-            blockers = self._core.begin(run.started, run.execution_id, admit=run.admit)
+                admit = run.admit
+            blockers = self._core.begin(run.started, run.execution_id, admit=admit)
             if blockers is not None:
                 return run.not_begun(blockers)
             run.stage = HANDLER
@@ -179,11 +181,13 @@ class Turn(TurnSlot):
                                                               run.arguments)
                 if replayed is not None:
                     return run.answered(replayed)
+            admit = None
             if run.needs_approval:
                 await in_worker(core.take_requests)  # a decision left by another process
+                admit = run.admit
             core.reserve(run.execution_id)
             blockers = await in_worker(functools.partial(core.begin, reserved=True,
-                                                         admit=run.admit),
+                                                         admit=admit),
                                        run.started, run.execution_id)
             if blockers is not None:
                 return run.not_begun(blockers)
