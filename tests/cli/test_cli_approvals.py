@@ -107,8 +107,9 @@ def test_approvals_across_sessions_then_approve_runs_the_call_once(tmp_path: Pat
     assert session["status"] == "active" and len(session["approvals"]) == 3
     assert "1 approval request pending in 1 log" in cli("sweep", waiting, "--jobs", "1").out
 
-    # Decide the pending one; deciding it again, or an unknown id, is refused.
-    approve = cli("approve", waiting, pending_id, "--actor", "bo", "--note", "checked",
+    # Decide the pending one (a unique prefix of its id will do, without `apv-` too); deciding
+    # it again, or an unknown id, is refused.
+    approve = cli("approve", waiting, pending_id[4:14], "--actor", "bo", "--note", "checked",
                        "--expires-in", "1h", "--json")
     assert approve.code == 0, approve.err
     decided = approve.json()
@@ -200,7 +201,8 @@ def test_a_live_server_is_approved_and_denied_from_the_cli(tmp_path: Path) -> No
         listed = walj_cli("approvals", tmp_path, "--json").json()  # no lock, beside the writer
         assert {a["call_id"] for a in listed["approvals"]} == {"c1", "c2"}
 
-        deny = walj_cli("deny", log, refused["approval_id"], "--actor", "ann", "--note", "no")
+        deny = walj_cli("deny", log, refused["approval_id"][:12], "--actor", "ann", "--note",
+                        "no")
         assert deny.code == 0, deny.err
         assert "applied by the live writer" in deny.out and "nothing runs" in deny.out
         assert server.dispatch("c2") == {"outcome": "denied", "approval_id":

@@ -30,14 +30,23 @@ from ._common import (
     table,
     write_lines,
 )
-from ._model import DEFAULT_WAIT, approve_session, deny_session, kind_of, lookup_approval
+from ._model import (
+    DEFAULT_WAIT,
+    approve_session,
+    deny_session,
+    kind_of,
+    known_ids,
+    lookup_approval,
+)
 from ._sweep import checked_sessions, job_count, relative
+from ._write import expand
 
 # The refusals that are the caller's mistake (exit 2, as an unknown execution id for `resolve`);
 # every other one is a refused write (exit 1).
 _USAGE_REASONS = ("unknown", "bad_expiry", "bad_actor", "note_required", "bad_note")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _DURATION = re.compile(r"(\d{1,9})([smhdw])")
+_WHOLE_ID = re.compile(r"apv-[0-9a-f]{32}")
 
 
 # --- walj approvals ROOT ----------------------------------------------------------------------
@@ -140,11 +149,22 @@ def _check_journal(path: str) -> None:
         raise CliError(f"{path} is a walj log but not a tool journal: nothing to approve")
 
 
+def _approval_id(path: str, given: str) -> str:
+    """The approval id in full: as given, or expanded from a unique prefix of 6 or more
+    characters (with or without `apv-`) among the ids the log names, as `walj resolve`
+    expands an execution id."""
+    wanted = given if given.startswith("apv-") else f"apv-{given}"
+    if _WHOLE_ID.fullmatch(wanted) or len(given) < 6:
+        return given
+    return expand(wanted, {i for i in known_ids(path) if i.startswith("apv-")})
+
+
 def _decide(args: argparse.Namespace, decision: str) -> Any:
     """Approve or deny directly, or through a request to the live writer; refusals as
     CliError with the exit code `walj resolve` gives the same kind of refusal."""
     path: str = args.path
     wait = _wait(args)
+    args.approval_id = _approval_id(path, args.approval_id)
     expires_at = _expires_at(args) if decision == "approved" else None
     try:
         if decision == "approved":
