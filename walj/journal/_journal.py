@@ -11,7 +11,7 @@ from pathlib import Path
 from types import MappingProxyType, TracebackType
 from typing import Any, ClassVar
 
-from ..errors import ApprovalError, WaljError
+from ..errors import WaljError
 from . import _approvals, _compact, _requests, _resolve, _writes
 from ._callindex import DEFAULT_REPLAY_WINDOW
 from ._compact import Archiver, CompactReport
@@ -36,7 +36,7 @@ from ._options import (
 )
 from ._records import Approval, Recovery, Resolution
 from ._sessions import check_session_id, directory_name
-from ._tools import Call, Tool, call_results, error_result, lookup, normalise_calls, tools_from
+from ._tools import Tool, call_results, lookup, normalise_calls, tools_from
 from ._turn import Turn
 
 
@@ -299,14 +299,8 @@ class ToolJournal:
             return lookup(registry, name) if registry is not None else core.options.tools.get(name)
 
         def run(turn: Turn) -> list[dict[str, Any]]:
-            def one(call: Call, index: int, tool: Tool) -> dict[str, Any]:
-                try:
-                    return turn._dispatch(call.name, call.arguments, call.call_id, tool,
-                                          call.digest).as_dict()
-                except ApprovalError as exc:  # needs approval, but came without a call id
-                    return error_result(call, index, str(exc))
-
-            return call_results(normalised, find, one)
+            return call_results(normalised, find, lambda call, index, tool: turn._dispatch(
+                call.name, call.arguments, call.call_id, tool, call.digest).as_dict())
 
         live = self._core.live_turn()
         if isinstance(live, Turn):

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 from .._codec import NestingError
-from ..errors import SerializationError, ToolBlocked, ToolCancelled
+from ..errors import ApprovalError, SerializationError, ToolBlocked, ToolCancelled
 from ._fingerprint import ERROR_CHARS as ERROR_CHARS
 from ._fingerprint import Digest, describe_error
 from ._records import Blocker
@@ -291,8 +291,9 @@ def handle_function_calls(
 
 def call_results(calls: list[Call], find: Callable[[str], Tool | None],
              run: Callable[[Call, int, Tool], dict[str, Any]]) -> list[dict[str, Any]]:
-    """One result dict per call: an error for a call that could not be read or names no
-    tool, else what `run` made of it."""
+    """One result dict per call: an error for a call that could not be read, names no tool, or
+    needs approval but has no call id (ApprovalError, nothing written), else what `run` made
+    of it."""
     results: list[dict[str, Any]] = []
     for index, call in enumerate(calls):
         if call.problem is not None:
@@ -300,5 +301,8 @@ def call_results(calls: list[Call], find: Callable[[str], Tool | None],
         elif (tool := find(call.name)) is None:
             results.append(error_result(call, index, f"unknown tool {call.name!r}"))
         else:
-            results.append(run(call, index, tool))
+            try:
+                results.append(run(call, index, tool))
+            except ApprovalError as exc:
+                results.append(error_result(call, index, str(exc)))
     return results
