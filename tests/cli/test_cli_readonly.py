@@ -51,6 +51,8 @@ def _run_all(root: Path, runner: Any) -> None:
     assert sweep.code == 1, sweep.err
     statuses = {Path(s["path"]).name: s["status"] for s in sweep.json()["sessions"]}
     assert statuses == {"clean": "active", "blocked": "blocked", "torn": "active"}
+    approvals = runner("approvals", root, "--json", "--jobs", "2")
+    assert approvals.code == 0 and approvals.json()["logs"] == 3, approvals.err
 
 
 def test_copied_directory(sessions: Path, tmp_path: Path) -> None:

@@ -85,7 +85,8 @@ def test_sweep_finds_exactly_the_blocked_and_corrupt_sessions(root: Path) -> Non
     for session in report["sessions"]:
         assert set(session) == {"path", "status", "records", "last_seq", "blocked", "ended",
                                 "blockers", "problem_count", "problems", "torn_tail", "plain",
-                                "last_record_at", "detail"}
+                                "last_record_at", "detail", "approvals"}
+        assert session["approvals"] == []  # none of these sessions asked for one
         if session["status"] in ("active", "ended", "blocked"):  # journals: each record's time
             assert session["plain"] is False
             assert 0 <= time.time() - session["last_record_at"] < 3600

@@ -57,6 +57,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from approval_rules import approval_problems
+
 import walj
 from walj.journal.state import JournalState, rebuild
 from walj.log import pending_requests
@@ -990,12 +992,21 @@ def blocker_keys(recovery: walj.Recovery, lenient: bool) -> set[tuple[str, str]]
     return keys
 
 
+def approval_keys(recovery: walj.Recovery) -> set[tuple[str, str]]:
+    """(approval id, status) of each pending request and each approval not used yet."""
+    return {(a.approval_id, a.status) for a in (*recovery.approvals, *recovery.approved)}
+
+
 def compare_views(live: walj.Recovery, replay: walj.Recovery, lenient: bool) -> str | None:
     a, b = blocker_keys(live, lenient), blocker_keys(replay, lenient)
-    if a == b:
-        return None
-    return (f"live blockers {sorted(a - b)} are not in a replay; replay blockers "
-            f"{sorted(b - a)} are not live")
+    if a != b:
+        return (f"live blockers {sorted(a - b)} are not in a replay; replay blockers "
+                f"{sorted(b - a)} are not live")
+    a, b = approval_keys(live), approval_keys(replay)
+    if a != b:
+        return (f"live approvals {sorted(a - b)} are not in a replay; replay approvals "
+                f"{sorted(b - a)} are not live")
+    return None
 
 
 def replay_of(path: Path) -> walj.Recovery:
@@ -1052,8 +1063,17 @@ class JournalAcks:
     completed: set[int] = field(default_factory=set)
     replayed: set[str] = field(default_factory=set)  # settled executions a replay answered from
     requests: set[str] = field(default_factory=set)  # resolution requests posted (durable)
+    # Approval id -> what was acknowledged of it: "pending" (a dispatch answered
+    # awaiting_approval), "approved", "denied", or "consumed" (a run on it returned).
+    approvals: dict[str, str] = field(default_factory=dict)
 
     def result(self, result: walj.ToolResult) -> None:
+        if result.outcome in ("awaiting_approval", "denied", "approval_expired"):
+            if result.outcome == "awaiting_approval" and result.approval_id:
+                self.approvals.setdefault(result.approval_id, "pending")
+            return  # nothing ran, and no execution was written
+        if result.approval_id and not result.replayed:
+            self.approvals[result.approval_id] = "consumed"
         if result.replayed:
             self.replayed.add(result.execution_id)
         else:
@@ -1064,8 +1084,11 @@ class JournalFollowUps:
     """Invariants 5, 6 and 7 on an open journal after the interrupt, then close it."""
 
     def __init__(self, report: Report, acks: JournalAcks, *, lenient: bool,
-                 closing: bool = False) -> None:
+                 closing: bool = False, gated: dict[str, Any] | None = None) -> None:
         self.report = report
+        # The gated call of an approval scenario, {"call_id", "tool", "arguments"}: dispatched
+        # again after the interrupt, it must run exactly when a replay holds its approval.
+        self.gated = gated
         self.acks = acks
         self.lenient = lenient
         self.closing = closing  # the interrupted operation was close(): ClosedError is allowed
@@ -1123,6 +1146,7 @@ class JournalFollowUps:
             rep.fail("5", f"a replay of the files refuses: {exc}"[:300])
         if live is not None and replay is not None:
             mismatch = compare_views(live, replay, self.lenient)
+        self._gated_dispatch(journal, replay, mismatch)
         rep.stage = "a dispatch after the interrupt"
         first = self._spy_dispatch(journal, 1)
         if mismatch is not None and not self.poisoned:
@@ -1161,6 +1185,43 @@ class JournalFollowUps:
                 pass  # allowed on a poisoned log
             except Exception as exc:
                 rep.fail("2", f"journal {attempt} raised {type(exc).__name__}: {exc}")
+
+    def _gated_dispatch(self, journal: walj.ToolJournal, replay: walj.Recovery | None,
+                        mismatch: str | None) -> None:
+        """In an approval scenario, dispatch its call again: the handler runs once if a replay
+        holds an approved, unexpired, unused approval for it and nothing blocks; else never.
+        (Not when the live view differs from the replay: that is reported already.)"""
+        call = self.gated
+        if call is None or replay is None or mismatch is not None:
+            return
+        rep = self.report
+        rep.stage = "the gated call again after the interrupt"
+        ran: list[int] = []
+        now = time.time()
+        approved = [a for a in replay.approved if a.call_id == call["call_id"]
+                    and not a.expired(now + 1.0)]
+        expect_run = bool(approved) and not replay.blocked
+        try:
+            with journal.turn() as turn:
+                self.acks.turns.add(turn.sequence)
+                result = turn.dispatch(call["tool"], call["arguments"], call_id=call["call_id"],
+                                       handler=lambda x: ran.append(x) or {"x": x},
+                                       approval=True)
+                self.acks.result(result)
+            self.acks.completed.add(turn.sequence)
+        except walj.PoisonedError:
+            self.poisoned = True
+            return
+        except Exception as exc:
+            rep.fail("6", f"the gated dispatch raised {type(exc).__name__}: {exc}")
+            return
+        if len(ran) > 1 or bool(ran) != expect_run:
+            rep.fail("6", f"the gated call ran {len(ran)} time(s) ({result.outcome}); a replay "
+                          f"holds approvals {[a.approval_id for a in approved]}, blocked "
+                          f"{replay.blocked}")
+        elif ran and result.approval_id != approved[0].approval_id:
+            rep.fail("6", f"the gated call ran on {result.approval_id}, not on "
+                          f"{approved[0].approval_id}")
 
     def _resolve(self, journal: walj.ToolJournal, b: walj.Blocker) -> None:
         rep = self.report
@@ -1256,6 +1317,7 @@ def check_journal_files(path: Path, report: Report, acks: JournalAcks) -> None:
         rep.fail("3", f"resolution of turn {turn} was acknowledged but is not on disk")
     rep.checked += facts - wrong
     rep.lost += wrong
+    check_approvals(records, acks, rep)
     rep.stage = "reopen the journal"
     left = pending_requests(path)
     try:
@@ -1273,6 +1335,27 @@ def check_journal_files(path: Path, report: Report, acks: JournalAcks) -> None:
             rep.fail("5", f"a fresh open: {mismatch}")
     finally:
         journal.close()
+
+
+def check_approvals(records: list[walj.Record], acks: JournalAcks, rep: Report) -> None:
+    """Invariants 3 and 6 for approvals: every acknowledged request, decision and use is on
+    disk, and from the log alone no intent ran without a matching, unused approval, nor twice
+    on one (approval_rules.py)."""
+    rep.stage = "the journal's approvals"
+    ledger, problems = approval_problems((r.seq, r.data) for r in records)
+    for problem in problems:
+        rep.fail("6", problem)
+    for aid, status in acks.approvals.items():
+        rep.checked += 1
+        on_disk = ("consumed" if aid in ledger.used_by else ledger.decisions.get(aid)
+                   or ("pending" if aid in ledger.requests else None))
+        # What was acknowledged may have moved on since (a pending request decided after).
+        later = {"pending": ("pending", "approved", "denied", "consumed"),
+                 "approved": ("approved", "consumed"), "denied": ("denied",),
+                 "consumed": ("consumed",)}[status]
+        if on_disk not in later:
+            rep.lost += 1
+            rep.fail("3", f"approval {aid} was acknowledged {status}; on disk: {on_disk}")
 
 
 def check_request_answers(path: Path, records: list[walj.Record], acks: JournalAcks,

@@ -66,6 +66,9 @@ def _watcher_waits() -> Iterator[None]:
     _requests._watcher.wake.clear()
 
 MODES = ("always", "batch", "interval", "never")
+# An approval's records take the journal's one write path, which every sync mode's scenarios
+# above cover: the default run interrupts them in two modes, a long run (WALJ_TORTURE) in all.
+APPROVAL_MODES = MODES if SCALE >= 2 else ("always", "never")
 SEGMENT_BYTES = 1024
 EXCEPTIONS: tuple[type[BaseException], ...] = (KeyboardInterrupt, SystemExit)
 # Operations up to this many walj line events get a trial at every one; longer ones a sample
@@ -344,7 +347,10 @@ def _reconcile_fails(blocker: walj.Blocker) -> str | None:
 
 
 TOOLS: dict[str, Any] = {"ok": ok, "err": err, "cancelled": cancelled, "aok": aok, "aerr": aerr,
-                         "acancelled": acancelled}
+                         "acancelled": acancelled, "gated": walj.Tool(ok, approval=True)}
+# The call that needs approval in the approval scenarios, and the bases that ask for it.
+GATED = {"tool": "gated", "arguments": {"x": 1}, "call_id": "g1"}
+ASKING = ("pending", "approved", "decided")
 OPEN_TOOLS: dict[str, Any] = {
     **TOOLS,
     "assume": walj.Tool(ok, on_ambiguous="assume_done"),
@@ -365,12 +371,25 @@ def build_journal(path: Path, mode: str, kind: str) -> list[str]:
     settles, declines or fails, left by concurrent adispatch calls that were cancelled), or
     "settled" (one ambiguous execution, and call "c1" of tool ok, {"x": 1}, settled with its
     output stored: a dispatch of it again is replayed, before the blocked check), or
-    "compactable" (settled, then a checkpoint and a turn after it: segments to drop).
-    Returns the blockers' execution ids."""
+    "compactable" (settled, then a checkpoint and a turn after it: segments to drop), or
+    "pending" / "approved" (one completed turn, and the GATED call's approval requested, or
+    requested and approved), or "decided" (approved, and two more calls' requests, one
+    pending and one denied). Returns the blockers' execution ids."""
     with walj.ToolJournal.open(path, store_outputs=kind in ("settled", "compactable"),
+                               tools=TOOLS if kind in ASKING else None,
                                **options(mode)) as journal:
         with journal.turn() as turn:
             turn.dispatch("ok", {"x": 0}, handler=ok)
+        if kind in ASKING:
+            with journal.turn() as turn:
+                asked = [turn.dispatch(GATED["tool"], GATED["arguments"], call_id=call_id)
+                         for call_id in (GATED["call_id"], "g2", "g3")[:3 if kind == "decided"
+                                                                         else 1]]
+            assert all(a.outcome == "awaiting_approval" and a.approval_id for a in asked), asked
+            if kind != "pending":
+                journal.approve(asked[0].approval_id, actor="ann", note="checked")
+            if kind == "decided":
+                journal.deny(asked[2].approval_id, actor="ann", note="no")
         if kind in ("settled", "compactable"):
             with journal.turn() as turn:
                 turn.dispatch("ok", {"x": 1}, handler=ok, call_id="c1")
@@ -388,7 +407,7 @@ def build_journal(path: Path, mode: str, kind: str) -> list[str]:
             asyncio.run(_cancelled_together(journal, ["assume", "recon", "rnone", "rfail"]))
     with walj.ToolJournal.open(path, recovery="salvage") as journal:
         blockers = journal.recovery.blockers
-    want = {"fresh": 0, "blocked": 1, "many": 4, "settled": 1, "compactable": 1}[kind]
+    want = {"fresh": 0, "blocked": 1, "many": 4, "settled": 1, "compactable": 1}.get(kind, 0)
     assert len(blockers) == want and all(b.state == "ambiguous" for b in blockers), \
         f"could not prepare the {kind} journal: {blockers}"
     return [b.execution_id for b in blockers if b.execution_id]
@@ -432,7 +451,9 @@ class JournalScenario(Scenario):
              "dispatch_replayed": "settled", "dispatch_replay_refused": "settled",
              "adispatch_replayed": "settled", "checkpoint": "settled",
              "compact": "compactable", "request_apply": "blocked",
-             "request_refused": "blocked", "open_request": "blocked"}
+             "request_refused": "blocked", "open_request": "blocked",
+             "dispatch_approved": "approved", "decide_approved": "pending",
+             "decide_denied": "pending", "compact_approvals": "decided"}
     BASES.update({f"{op}_observed": base for op, base in list(BASES.items())})
 
     def __init__(self, mode: str, op: str) -> None:
@@ -441,10 +462,15 @@ class JournalScenario(Scenario):
         self.name = f"journal.{op}"
         self.is_async = op.startswith("a")
         self.blockers: list[str] = []
+        self.approval_id = ""  # the GATED call's request, in the approval scenarios' bases
 
     def build(self, base: Path) -> None:
         self.blockers = build_journal(base / "journal", self.mode,
                                       self.BASES.get(self.op, "fresh"))
+        if self.op in APPROVAL_OPS:
+            with walj.ToolJournal.open(base / "journal") as journal:
+                known = (*journal.recovery.approvals, *journal.recovery.approved)
+            self.approval_id = known[0].approval_id if known else ""
         if self.op == "open_request":  # left while no one held the session
             post_request(base / "journal", request_fields(
                 "resolve", self.blockers[0], "not_performed", "seen", "ann", 1.0))
@@ -481,8 +507,9 @@ class JournalScenario(Scenario):
                 rep.fail("4", f"open after the interrupted open refused: {type(exc).__name__}: "
                               f"{exc}"[:300])
         if journal is not None:
-            JournalFollowUps(rep, acks, lenient=self.is_async,
-                             closing=self.op == "close").run(journal, jdir)
+            JournalFollowUps(rep, acks, lenient=self.is_async, closing=self.op == "close",
+                             gated=GATED if self.op in APPROVAL_OPS else None
+                             ).run(journal, jdir)
         check_journal_files(jdir, rep, acks)
 
     def operate(self, holder: list[walj.ToolJournal | None], jdir: Path, inj: Injection,
@@ -514,6 +541,8 @@ class JournalScenario(Scenario):
             inj.call(journal.is_blocked)
             if op == "request_apply":
                 acks.resolved.add(target)
+        elif op in APPROVAL_OPS:
+            self.operate_approval(op, journal, inj, acks)
         elif op == "resolve":
             eid = self.blockers[0]
             inj.call(lambda: journal.resolve(eid, "succeeded", actor="ann", note="seen"))
@@ -544,6 +573,24 @@ class JournalScenario(Scenario):
                 acks.turns.add(turn.sequence)
                 acks.result(inj.call(lambda: turn.dispatch(tool, {"x": 1})))
             acks.completed.add(turn.sequence)
+
+    def operate_approval(self, op: str, journal: walj.ToolJournal, inj: Injection,
+                         acks: JournalAcks) -> None:
+        """A dispatch that asks for approval, or runs on one; an approval or a denial."""
+        aid = self.approval_id
+        if op == "compact_approvals":  # its checkpoint must carry what the dropped ones said
+            inj.call(lambda: journal.compact(keep_turns=0))
+            return
+        if op in ("decide_approved", "decide_denied"):
+            decide = journal.approve if op == "decide_approved" else journal.deny
+            inj.call(lambda: decide(aid, actor="ann", note="checked"))
+            acks.approvals[aid] = op.removeprefix("decide_")
+            return
+        with journal.turn() as turn:
+            acks.turns.add(turn.sequence)
+            acks.result(inj.call(lambda: turn.dispatch(GATED["tool"], GATED["arguments"],
+                                                       call_id=GATED["call_id"])))
+        acks.completed.add(turn.sequence)
 
     async def aoperate(self, journal: walj.ToolJournal, inj: Injection,
                        acks: JournalAcks) -> None:
@@ -584,6 +631,10 @@ JOURNAL_OPS = ("turn_enter", "turn_exit", "dispatch_ok", "dispatch_error", "disp
                "dispatch_refused", "resolve", "open_settle", "close", "dispatch_replayed",
                "dispatch_replay_refused", "checkpoint", "compact", "request_apply",
                "request_refused", "open_request")
+# Dispatch of a call that needs approval (asking for it; running on it), approve and deny, and
+# a compaction whose checkpoint carries the pending, approved and denied requests it drops.
+APPROVAL_OPS = ("dispatch_approval", "dispatch_approved", "decide_approved", "decide_denied",
+                "compact_approvals")
 ASYNC_OPS = ("aturn_enter", "aturn_exit", "adispatch_ok", "adispatch_error",
              "adispatch_cancelled", "adispatch_sync", "adispatch_replayed")
 
@@ -595,6 +646,14 @@ def test_interrupt_journal(tmp_path: Path, op: str, mode: str) -> None:
              f"dispatch:{mode}" if op in ("dispatch_ok", "dispatch_error", "dispatch_cancelled")
              else None)
     run_scenario(JournalScenario(mode, op), tmp_path, group)
+
+
+@pytest.mark.parametrize(("op", "mode"), [
+    (op, mode) for op in APPROVAL_OPS for mode in APPROVAL_MODES
+    # A compaction has a thousand distinct lines: one sync mode by default.
+    if op != "compact_approvals" or mode == "never" or SCALE >= 2])
+def test_interrupt_journal_approvals(tmp_path: Path, op: str, mode: str) -> None:
+    run_scenario(JournalScenario(mode, op), tmp_path)
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from approval_rules import approval_problems, view_problems
 from budget import SEED, TALLY, TRIALS, rng_for
 from sigkill import run_and_kill, run_trials
 
@@ -36,6 +37,10 @@ class TurnOracle:
     turns: set[int] = field(default_factory=set)
     completed: set[int] = field(default_factory=set)
     resolved_turns: set[int] = field(default_factory=set)
+    requested: dict[str, str] = field(default_factory=dict)  # approval id -> call id
+    decided: dict[str, str] = field(default_factory=dict)  # approval id -> decision
+    used: dict[str, str] = field(default_factory=dict)  # approval id -> execution id
+    unanswered: set[str] = field(default_factory=set)  # answered denied / approval_expired
 
     def feed(self, lines: list[str]) -> None:
         for line in lines:
@@ -58,6 +63,18 @@ class TurnOracle:
                 self.turns.add(int(rest[0]))
             elif tag == "C":
                 self.completed.add(int(rest[0]))
+            else:
+                self.feed_approval(tag, rest)
+
+    def feed_approval(self, tag: str, rest: list[str]) -> None:
+        if tag == "Q":
+            self.requested[rest[0]] = rest[1]
+        elif tag in ("A", "D"):
+            self.decided[rest[0]] = "approved" if tag == "A" else "denied"
+        elif tag == "U":
+            self.used[rest[0]] = rest[1]
+        elif tag == "E":
+            self.unanswered.add(rest[0])
 
     def check(self, path: Path, effects: Path, context: str) -> dict[str, str]:
         """Check the journal on disk; returns its execution blockers (id -> state)."""
@@ -80,6 +97,7 @@ class TurnOracle:
                 closed_turns.add(r.data["turn_sequence"])
         with walj.ToolJournal.open(path, recovery="salvage") as journal:
             recovery = journal.recovery
+        self.check_approvals(records, recovery, context)
         executions = {b.execution_id: b for b in recovery.blockers if b.execution_id}
         turn_blockers = {b.turn_sequence for b in recovery.blockers if b.execution_id is None}
         facts = 0
@@ -145,6 +163,39 @@ class TurnOracle:
                 f"{context}: turn {turn} (executions {mine}) interrupted {interrupted}, " \
                 f"blocking {turn in turn_blockers}"
         return {eid: b.state for eid, b in executions.items()}
+
+
+    def check_approvals(self, records: list[walj.Record], recovery: walj.Recovery,
+                        context: str) -> None:
+        """The approval rules from the log alone (approval_rules.py), every acknowledged
+        request, decision and use on disk, and the recovery view listing what the log leaves
+        pending and approved-unused: so requests and approvals survive the kills."""
+        ledger, problems = approval_problems((r.seq, r.data) for r in records)
+        facts = len(self.requested) + len(self.decided) + len(self.used)
+        for aid in self.requested:
+            if aid not in ledger.requests:
+                problems.append(f"request {aid} was answered awaiting_approval, not on disk")
+        for aid, decision in self.decided.items():
+            if ledger.decisions.get(aid) != decision:
+                problems.append(f"{decision} {aid} acknowledged; on disk "
+                                f"{ledger.decisions.get(aid)}")
+        for aid, eid in self.used.items():
+            if ledger.used_by.get(aid) != eid:
+                problems.append(f"{eid} ran on {aid}; on disk {ledger.used_by.get(aid)}")
+        for aid in self.unanswered:  # denied or expired: final for its call, never used
+            facts += 1
+            if aid in ledger.used_by:
+                problems.append(f"{aid} answered denied or expired, yet "
+                                f"{ledger.used_by[aid]} ran on it")
+        # A gated execution's intent always names its approval: never run without one.
+        for r in records:
+            if r.data.get("kind") == STARTED and r.data.get("tool") == "gated":
+                facts += 1
+                if not r.data.get("approval_id"):
+                    problems.append(f"gated {r.data['execution_id']} ran with no approval")
+        problems += view_problems(ledger, recovery)
+        TALLY.add(checked=facts, approvals_checked=facts, lost=len(problems))
+        assert not problems, f"{context}: approvals: {problems}"
 
 
 def one_trial(tmp_path: Path, trial: int) -> None:

@@ -13,6 +13,7 @@ from ..errors import CorruptionError, UnsupportedVersionError
 from ..journal import Resolution
 from ..log.fs import FileSystem
 from ..log.scan import LogScan
+from ._approvalview import APPROVAL_HEADERS, approval_rows, open_approvals
 from ._common import (
     EXIT_OK,
     EXIT_PROBLEMS,
@@ -97,6 +98,8 @@ def recovery_json(rec: Recovery, now: float,
              "request_sha256": c.request_sha256, "request_preview": c.request_preview}
             for c in rec.pending_llm_calls],
         "resolutions": [resolution_json(r) for r in rec.resolved],
+        # Never blockers: a pending request holds back only its own call.
+        "approvals": open_approvals(rec, now),
     }
 
 
@@ -157,7 +160,26 @@ def _inspect_lines(path: str, report: dict[str, Any], log_scan: LogScan, rec: Re
                                             "AGE", "REQUEST"), calls, right=(2,)),
             *_section("Resolutions", ("RESOLVED", "TOOL", "OUTCOME", "ACTOR", "AT (UTC)",
                                       "NOTE"), resolved),
+            *_approval_lines(path, report["approvals"], now),
             *_next_lines(path, rec)]
+
+
+def _approval_lines(path: str, approvals: list[dict[str, Any]], now: float) -> list[str]:
+    """Pending requests and unused approvals, each with its arguments' fingerprint: what a
+    person approves is exactly those arguments."""
+    lines = _section("Approvals", APPROVAL_HEADERS, approval_rows(approvals, now))
+    for entry in approvals:
+        decided = "" if entry["actor"] is None else f"  {entry['status']} by {entry['actor']}"
+        note = "" if entry["note"] is None else f": {short(entry['note'], 60)}"
+        lines.append(f"  {entry['approval_id']}  sha256:{entry['arguments_sha256']}{decided}"
+                     f"{note}")
+    if any(e["status"] == "pending" for e in approvals):
+        lines += ["", "Each pending request holds back its own call only (nothing else is "
+                  "blocked); decide it on the record:",
+                  f"  walj approve {path} APPROVAL --actor NAME [--note TEXT] "
+                  "[--expires-in DURATION]",
+                  f"  walj deny {path} APPROVAL --actor NAME [--note TEXT]"]
+    return lines
 
 
 def _section(title: str, headers: tuple[str, ...], rows: list[tuple[Any, ...]],

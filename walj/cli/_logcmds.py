@@ -171,6 +171,39 @@ def percentile(values: list[float], fraction: float) -> float | None:
 
 
 @dataclass
+class ApprovalCounts:
+    """Approval requests and what became of each, from the records alone: `pending` and
+    `approved_unused` are the requests no decision, or no intent, has answered yet."""
+
+    requested: set[str] = field(default_factory=set)
+    approved: set[str] = field(default_factory=set)
+    denied: set[str] = field(default_factory=set)
+    consumed: set[str] = field(default_factory=set)
+
+    def add(self, kind: str, data: dict[str, Any]) -> None:
+        aid = data.get("approval_id")
+        if not isinstance(aid, str):
+            return
+        if kind == "tool_approval_requested":
+            self.requested.add(aid)
+        elif kind == "tool_approval_decided" and aid not in self.approved | self.denied:
+            decision = data.get("decision")
+            if decision == "approved":
+                self.approved.add(aid)
+            elif decision == "denied":
+                self.denied.add(aid)
+        elif kind == "tool_execution_started" and aid in self.approved:
+            self.consumed.add(aid)
+
+    def as_json(self) -> dict[str, int]:
+        decided = self.approved | self.denied
+        return {"requested": len(self.requested), "approved": len(self.approved),
+                "denied": len(self.denied), "consumed": len(self.consumed),
+                "pending": len(self.requested - decided),
+                "approved_unused": len(self.approved - self.consumed)}
+
+
+@dataclass
 class Counts:
     """What `walj stats` counts in one pass over the records."""
 
@@ -181,6 +214,7 @@ class Counts:
     last_t: float | None = None
     first_seq: int | None = None
     undecodable: list[int] = field(default_factory=list)
+    approvals: ApprovalCounts = field(default_factory=ApprovalCounts)
 
     def add(self, seq: int, raw: bytes) -> None:
         if self.first_seq is None:
@@ -200,6 +234,8 @@ class Counts:
             self.first_t = t if self.first_t is None else min(self.first_t, t)
             self.last_t = t if self.last_t is None else max(self.last_t, t)
         _count_tool_record(kind, data, t, self.tools, self.open_calls)
+        if kind in _APPROVAL_KINDS:
+            self.approvals.add(kind, data)
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
@@ -229,6 +265,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
         "time_span": {"first": first_t, "last": last_t, "seconds": span},
         "kinds": dict(sorted(counts.kinds.items(), key=lambda kv: (-kv[1], kv[0]))),
         "tools": [_tool_json(name, counts.tools[name]) for name in sorted(counts.tools)],
+        "approvals": counts.approvals.as_json(),
     }
     code = EXIT_PROBLEMS if log_scan.problems or counts.undecodable else EXIT_OK
     if args.json:
@@ -280,6 +317,12 @@ def _stats_lines(report: dict[str, Any], undecodable: list[int]) -> list[str]:
         lines += table(("TOOL", "CALLS", "OK", "ERROR", "CANCELLED", "BLOCKED", "AMBIGUOUS",
                         "REPLAYED", "REFUSED", "ERROR RATE", "P50", "P99"), rows,
                        right=range(1, 12))
+    approvals = report["approvals"]
+    if approvals["requested"]:
+        lines += ["", "Approvals", f"  {approvals['requested']:,} requested: "
+                  f"{approvals['approved']:,} approved ({approvals['consumed']:,} used, "
+                  f"{approvals['approved_unused']:,} not yet), {approvals['denied']:,} denied, "
+                  f"{approvals['pending']:,} pending"]
     return lines
 
 
@@ -288,6 +331,7 @@ def _tool_name(value: Any) -> str:
     return value[:200] if isinstance(value, str) and value else "-"
 
 
+_APPROVAL_KINDS = ("tool_approval_requested", "tool_approval_decided", "tool_execution_started")
 # Dispatches that wrote no intent: turned away by a blocked journal, or answered by replay.
 _NO_INTENT = ("tool_execution_blocked", "tool_execution_replayed", "tool_execution_refused")
 

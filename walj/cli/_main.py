@@ -22,14 +22,14 @@ from ._common import (
     printable,
 )
 
-READ_COMMANDS = ("verify", "inspect", "dump", "tail", "timeline", "stats", "sweep", "report",
-                 "audit")
-WRITE_COMMANDS = ("resolve", "repair", "demo", "archive", "prune")
+READ_COMMANDS = ("verify", "inspect", "dump", "tail", "timeline", "stats", "sweep", "approvals",
+                 "report", "audit")
+WRITE_COMMANDS = ("resolve", "repair", "demo", "archive", "prune", "approve", "deny")
 
 EPILOG = """\
 exit codes: 0 clean or done; 1 problems found (damage, a blocked journal, a refused write);
-2 usage error or unreadable input; 3 `resolve` queued (the live writer did not answer in
-time); 130 interrupted (Ctrl-C; `tail -f` exits 0 instead).
+2 usage error or unreadable input; 3 `resolve`, `approve` or `deny` queued (the live writer
+did not answer in time); 130 interrupted (Ctrl-C; `tail -f` exits 0 instead).
 Read commands take no lock and never write: they work on a copied log, a read-only file
 system, and beside a live writer. `%(prog)s COMMAND --help` describes each command; every
 --json output names its schema and version in its "schema" field."""
@@ -112,6 +112,39 @@ def _engines() -> str:
             f"JSON: {'msgspec' if _codec.HAVE_MSGSPEC else 'json (stdlib)'}")
 
 
+def _waiting(p: argparse.ArgumentParser, what: str) -> None:
+    waiting = p.add_mutually_exclusive_group()
+    waiting.add_argument("--wait", type=float, default=None, metavar="SECONDS",
+                         help=f"how long to wait for a live writer to apply {what} (default 10)")
+    waiting.add_argument("--no-wait", action="store_true",
+                         help="leave the request for the live writer and exit 3 at once")
+
+
+def _approval_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
+    """`approvals`, `approve` and `deny` (walj/cli/_approvals.py)."""
+    p = command("approvals", "pending approval requests, and approved ones not used yet, of "
+                "every session under ROOT", "root", "ROOT")
+    p.add_argument(*_JOBS, type=int, default=None, metavar="N",
+                   help="worker processes (default: CPU count, at most 8; 1: none)")
+    _flags(p, ("--all", "list expired approvals too"), _JSON)
+    for name, text in (("approve", "approve a pending request durably: the call it names, "
+                        "with exactly its arguments, may then run once"),
+                       ("deny", "deny a pending request durably: the call it names never runs")):
+        p = command(name, text + " (a live writer applies it)")
+        p.add_argument("approval_id", metavar="APPROVAL_ID", help="as `walj approvals` lists it")
+        p.add_argument("--actor", required=True, metavar="NAME", help="who decides")
+        p.add_argument("--note", default=None, metavar="TEXT", help="why: what you checked")
+        if name == "approve":
+            expiry = p.add_mutually_exclusive_group()
+            expiry.add_argument("--expires-in", metavar="DURATION",
+                                help="the approval lapses unused after this long: 30m, 12h, 7d")
+            expiry.add_argument("--expires-at", metavar="ISO8601",
+                                help="... or at this time (2026-12-05T18:00:00Z; no offset: "
+                                "UTC)")
+        _waiting(p, "it")
+        _flags(p, _JSON)
+
+
 def build_parser(prog: str = "walj") -> argparse.ArgumentParser:
     from .. import __version__
 
@@ -183,6 +216,8 @@ def build_parser(prog: str = "walj") -> argparse.ArgumentParser:
     p.add_argument(*_JOBS, type=int, default=None, metavar="N",
                    help="worker processes (default: CPU count, at most 8; 1: none)")
 
+    _approval_commands(command)
+
     p = command("resolve", "resolve a blocker durably (a live writer applies it)",
                 description="Resolve a blocker durably, under the writer lock or, while a live "
                 "process holds the session, by a request that process applies: a "
@@ -244,7 +279,8 @@ _COMMANDS = {"verify": ("_logcmds", "cmd_verify"), "stats": ("_logcmds", "cmd_st
              "sweep": ("_sweep", "cmd_sweep"), "archive": ("_archive", "cmd_archive"),
              "prune": ("_prune", "cmd_prune"), "resolve": ("_write", "cmd_resolve"),
              "repair": ("_write", "cmd_repair"), "audit": ("_audit", "cmd_audit"),
-             "report": ("_report", "cmd_report")}
+             "report": ("_report", "cmd_report"), "approvals": ("_approvals", "cmd_approvals"),
+             "approve": ("_approvals", "cmd_approve"), "deny": ("_approvals", "cmd_deny")}
 
 
 def _command(name: str) -> Callable[[argparse.Namespace], int]:

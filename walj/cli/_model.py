@@ -13,8 +13,11 @@ from typing import Any
 from ..errors import WaljError
 from ..journal import (
     DEFAULT_WAIT,
+    Approval,
     Blocker,
     Recovery,
+    approve_session,
+    deny_session,
     known_ids,
     resolve_session,
     resolve_session_turn,
@@ -23,12 +26,14 @@ from ..journal import end_idle as end_idle_journal
 from ..journal.records import decode_record, record_kind, subject_of, time_of, turn_number
 from ..journal.state import MAX_KEEP_TURNS, CutLedger, JournalState, unrecorded
 from ..journal.state import rebuild as rebuild_state
+from ..log import read
 from ..log.quarantine import cut_lines, read_manifest
 
-__all__ = ["DEFAULT_WAIT", "MAX_KEEP_TURNS", "Blocker", "Rebuild", "JournalState", "Recovery",
-           "age", "blocker_json", "decode_record", "end_idle_journal", "in_flight", "kind_of",
-           "known_ids", "note_unrecorded", "rebuild", "resolve_session", "resolve_session_turn",
-           "subject_of", "time_of", "turn_number"]
+__all__ = ["DEFAULT_WAIT", "MAX_KEEP_TURNS", "Approval", "Blocker", "Rebuild", "JournalState",
+           "Recovery", "age", "approve_session", "blocker_json", "decode_record", "deny_session",
+           "end_idle_journal", "in_flight", "kind_of", "known_ids", "lookup_approval",
+           "note_unrecorded", "rebuild", "resolve_session", "resolve_session_turn", "subject_of",
+           "time_of", "turn_number"]
 
 Records = Iterator[tuple[int, bytes]]
 
@@ -122,3 +127,14 @@ def blocker_json(b: Blocker, now: float | None = None,
         return b.summary()
     return {**b.summary(full=True), "age_seconds": age(b.started_at, now),
             "in_flight": in_flight(b, writer)}
+
+
+def lookup_approval(path: str, approval_id: str) -> Approval | None:
+    """One approval of the session in `path`, whatever its status, from a lock-free replay of
+    its log (beside a live writer); None when the log does not name it or cannot be read now
+    (a compaction under the read)."""
+    try:
+        state = rebuild_state((record.seq, record.data) for record in read(path, 0))
+    except (WaljError, OSError):
+        return None
+    return state.approvals.entries.get(approval_id)

@@ -17,6 +17,7 @@ from ..log import format as fmt
 from ..log.fs import DEFAULT_FS, FileSystem
 from ..log.scan import LogScan, list_segments
 from ._accounting import OWN_DIRS, TOMBSTONE_PREFIX
+from ._approvalview import open_approvals
 from ._common import (
     EXIT_OK,
     EXIT_PROBLEMS,
@@ -132,7 +133,8 @@ def _entry(path: str, status: str, **fields: Any) -> dict[str, Any]:
     entry: dict[str, Any] = {"path": path, "status": status, "records": 0, "last_seq": 0,
                              "blocked": False, "ended": False, "blockers": [],
                              "problem_count": 0, "problems": [], "torn_tail": False,
-                             "plain": False, "last_record_at": None, "detail": None}
+                             "plain": False, "last_record_at": None, "detail": None,
+                             "approvals": []}
     entry.update(fields)
     return entry
 
@@ -171,7 +173,8 @@ def check_log(path: str, fs: FileSystem = DEFAULT_FS) -> dict[str, Any]:
                   problem_count=len(problems),
                   problems=[problem_json(p) for p in problems[:5]],
                   torn_tail=log_scan.torn_tail is not None, plain=done.plain,
-                  last_record_at=_record_time(timed), detail=detail)
+                  last_record_at=_record_time(timed), detail=detail,
+                  approvals=open_approvals(rec, time.time()))
 
 
 def _recovery(path: str, done: Rebuild) -> tuple[Recovery, tuple[str, str] | None]:
@@ -325,7 +328,7 @@ def relative(path: str, root: str) -> str:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     root: str = args.root
-    results = _checked(root, job_count(args))
+    results = checked_sessions(root, job_count(args))
     counts = {status: 0 for status in STATUSES}
     for entry in results:
         counts[entry["status"]] += 1
@@ -346,7 +349,7 @@ def job_count(args: argparse.Namespace) -> int:
     return jobs
 
 
-def _checked(root: str, jobs: int) -> list[dict[str, Any]]:
+def checked_sessions(root: str, jobs: int) -> list[dict[str, Any]]:
     """Every session under `root` (a directory, or an archive's URL) checked, in path order."""
     if is_url(root):
         logs, unreadable = archived_logs(root), list[dict[str, Any]]()
@@ -367,6 +370,11 @@ def _sweep_text(root: str, results: list[dict[str, Any]], counts: dict[str, int]
     shown = results if every else [e for e in results if e["status"] not in FINE]
     summary = ", ".join(f"{counts[s]} {s}" for s in STATUSES if counts[s] or s in FINE)
     lines = [f"{root}: {plural(len(results), 'log')}: {summary}"]
+    waiting = [e for e in results if any(a["status"] == "pending" for a in e["approvals"])]
+    if waiting:  # not a problem: a pending request blocks nothing, but a person is awaited
+        count = sum(a["status"] == "pending" for e in waiting for a in e["approvals"])
+        lines.append(f"{plural(count, 'approval request')} pending in "
+                     f"{plural(len(waiting), 'log')}: `walj approvals {root}`")
     if shown:
         now = time.time()
         rows = [(relative(e["path"], root), e["status"].upper()

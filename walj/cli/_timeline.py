@@ -1,11 +1,12 @@
-"""`walj timeline`: turns as a tree of their tool executions and LLM calls, with outcome and
-duration; ambiguous executions, blockers, and blocked, replayed and refused dispatches are
-marked, each under the name the API gives its outcome."""
+"""`walj timeline`: turns as a tree of their tool executions, approval requests and LLM calls,
+with outcome and duration; ambiguous executions, blockers, and blocked, replayed and refused
+dispatches are marked, each under the name the API gives its outcome."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +48,7 @@ class Execution:
     error_type: str | None = None
     resolution: dict[str, Any] | None = None
     blocker: bool = False
+    approval_id: str | None = None  # the approval its intent consumed
 
     def label(self) -> str:
         if self.outcome is not None:
@@ -62,7 +64,8 @@ class Execution:
                 "duration_seconds": _span(self.started_at, self.finished_at),
                 "outcome": self.label(), "error": self.error,
                 "ambiguous": self.outcome is None, "error_type": self.error_type,
-                "blocker": self.blocker, "resolution": self.resolution}
+                "blocker": self.blocker, "resolution": self.resolution,
+                "approval_id": self.approval_id}
 
 
 @dataclass
@@ -93,6 +96,7 @@ class Builder:
         self.order: list[int | None] = []
         self.executions: dict[str, Execution] = {}
         self.llm: dict[str, dict[str, Any]] = {}
+        self.approvals: dict[str, dict[str, Any]] = {}
 
     def turn(self, sequence: Any, t: float | None = None) -> TurnNode:
         key = turn_number(sequence)
@@ -122,6 +126,9 @@ class Builder:
             ex = Execution(eid, opt_str(data.get("tool")), opt_str(data.get("call_id")), t, seq)
             self.executions[eid] = ex
             self.turn(data.get("turn_sequence")).items.append(ex)
+            self._consumed(ex, opt_str(data.get("approval_id")))
+        elif kind in ("tool_approval_requested", "tool_approval_decided"):
+            self._approval(kind, seq, data, t)
         elif isinstance(kind, str) and kind in _DISPATCHES:  # a list kind is unhashable
             self.turn(data.get("turn_sequence")).items.append(_dispatch(kind, seq, data, t))
         elif kind in ("llm_call_started",) and isinstance(eid, str):
@@ -133,6 +140,42 @@ class Builder:
             self.turn(data.get("turn_sequence")).items.append(call)
         elif isinstance(eid, str):
             self._settle(kind, eid, data, t)
+
+    def _approval(self, kind: str, seq: int, data: dict[str, Any], t: float | None) -> None:
+        """A request joins the turn that asked; a decision updates it (first one only)."""
+        aid = opt_str(data.get("approval_id"))
+        if aid is None:
+            return
+        if kind == "tool_approval_requested":
+            if aid not in self.approvals:
+                item: dict[str, Any] = {
+                    "list": "approvals", "approval_id": aid, "seq": seq,
+                    "tool": opt_str(data.get("tool")), "call_id": opt_str(data.get("call_id")),
+                    "at": t, "status": "pending", "decision": None, "execution_id": None}
+                self.approvals[aid] = item
+                self.turn(data.get("turn_sequence")).items.append(item)
+            return
+        found = self.approvals.get(aid)
+        decision = data.get("decision")
+        if found is None or found["status"] != "pending" or decision not in ("approved", "denied"):
+            return
+        expires = time_of(data.get("expires_at"))
+        found["status"] = decision
+        found["decision"] = {"decision": decision, "actor": opt_str(data.get("actor")),
+                            "note": opt_str(data.get("note")), "at": t, "expires_at": expires}
+
+    def _consumed(self, ex: Execution, aid: str | None) -> None:
+        item = None if aid is None else self.approvals.get(aid)
+        ex.approval_id = aid
+        if item is not None and item["status"] == "approved":
+            item.update(status="consumed", execution_id=ex.execution_id)
+
+    def expire(self, now: float) -> None:
+        """An approved request unused past its expiry is shown `expired` (never stored)."""
+        for item in self.approvals.values():
+            expires = item["decision"]["expires_at"] if item["decision"] else None
+            if item["status"] == "approved" and expires is not None and expires <= now:
+                item["status"] = "expired"
 
     def _settle(self, kind: Any, eid: str, data: dict[str, Any], t: float | None) -> None:
         ex = self.executions.get(eid)
@@ -188,7 +231,7 @@ def _resolution(data: dict[str, Any], t: float | None) -> dict[str, Any]:
 
 def _turn_json(node: TurnNode) -> dict[str, Any]:
     items: dict[str, list[Any]] = {"executions": [], "blocked": [], "replayed": [],
-                                   "refused": [], "llm_calls": []}
+                                   "refused": [], "llm_calls": [], "approvals": []}
     for item in node.items:
         if isinstance(item, Execution):
             items["executions"].append(item.as_json())
@@ -210,6 +253,7 @@ def turns_json(builder: Builder, rec: Recovery, last: int | None = None) -> list
             builder.executions[b.execution_id].blocker = True
         elif b.state == "interrupted_turn" and b.turn_sequence in builder.turns:
             builder.turns[b.turn_sequence].blocker = True
+    builder.expire(time.time())
     order = builder.order if last is None else builder.order[-last:]
     return [_turn_json(builder.turns[key]) for key in order]
 
@@ -266,7 +310,7 @@ def _item_rows(turn: dict[str, Any], glyphs: tuple[str, str]) -> list[tuple[str,
     """A turn's items in log order, each a row of cells under its tree glyph."""
     items = ([("x", e) for e in turn["executions"]] + [("b", b) for b in turn["blocked"]]
              + [("p", p) for p in turn["replayed"]] + [("r", r) for r in turn["refused"]]
-             + [("l", c) for c in turn["llm_calls"]])
+             + [("l", c) for c in turn["llm_calls"]] + [("a", a) for a in turn["approvals"]])
     items.sort(key=lambda kv: int(kv[1]["seq"]))
     return [(glyphs[i == len(items) - 1], [printable(c) for c in _item_cells(kind, item)])
             for i, (kind, item) in enumerate(items)]
@@ -292,6 +336,8 @@ def _item_cells(kind: str, item: dict[str, Any]) -> list[str]:
                 f"exec {str(item['execution_id'])[:12]}", detail]
     if kind in ("b", "p", "r"):
         return _dispatch_cells(kind, item)
+    if kind == "a":
+        return _approval_cells(item)
     outcome = "pending" if item["pending"] else str(item["outcome"])
     return [f"llm {item['model'] or '-'}", "-", outcome, duration(item["duration_seconds"]),
             "PENDING" if item["pending"] else "", f"llm {str(item['llm_call_id'])[:12]}", ""]
@@ -310,3 +356,20 @@ def _dispatch_cells(kind: str, item: dict[str, Any]) -> list[str]:
         detail = f"answered from record {item['answered_from_seq']}"
     return [str(item["tool"]), str(item["call_id"]), str(item["outcome"]), "-", mark,
             f"exec {str(item['execution_id'])[:12]}", f"{detail}; nothing ran"]
+
+
+_APPROVAL_MARKS = {"pending": "AWAITING-APPROVAL", "approved": "APPROVED", "denied": "DENIED",
+                   "expired": "APPROVAL-EXPIRED", "consumed": "APPROVED"}
+
+
+def _approval_cells(item: dict[str, Any]) -> list[str]:
+    """A row for an approval request: what was decided, by whom, and which execution used it."""
+    decision = item["decision"]
+    detail = "awaiting a person: walj approve / walj deny" if decision is None else (
+        f"{decision['decision']} by {decision['actor']}" + (
+            f": {short(decision['note'], 50)}" if decision["note"] else ""))
+    if item["execution_id"] is not None:
+        detail += f"; used by exec {str(item['execution_id'])[:12]}"
+    return [str(item["tool"]), str(item["call_id"]), f"approval {item['status']}", "-",
+            _APPROVAL_MARKS.get(item["status"], ""), f"apv {str(item['approval_id'])[4:16]}",
+            detail]

@@ -41,7 +41,7 @@ _USAGE_REASONS = ("unknown", "bad_outcome", "bad_actor", "note_required")
 _WHOLE_ID = re.compile(r"[0-9a-f]{32}")  # an execution or LLM call id, given in full
 
 
-def _expand(prefix: str, candidates: set[str]) -> str:
+def expand(prefix: str, candidates: set[str]) -> str:
     """A unique prefix (6+ characters) of an id the log names, expanded; else as given. Every
     id counts, resolved or not, so a prefix gets the same answer as the whole id."""
     if len(prefix) < 6 or prefix in candidates:
@@ -75,7 +75,7 @@ def _ask(args: argparse.Namespace) -> Any:
         else:
             eid = args.execution_id
             if len(eid) >= 6 and not _WHOLE_ID.fullmatch(eid):  # only a prefix reads the log
-                eid = _expand(eid, known_ids(path))
+                eid = expand(eid, known_ids(path))
             done = resolve_session(path, eid, args.outcome, note=args.note, actor=args.actor,
                                    wait=wait)
     except ResolutionError as exc:
