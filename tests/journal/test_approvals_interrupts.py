@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,8 +16,12 @@ from typing import Any
 
 import pytest
 from journal_helpers import Recorder, records
-from torture.budget import rng_for, scaled
-from torture.interrupts import Injection
+
+# The torture suite's budget and injection, under the names its own modules import them by (so
+# one seed and one budget serve the whole run, whichever folder is collected first).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "torture"))
+from budget import rng_for, scaled  # noqa: E402
+from interrupts import Injection  # noqa: E402
 
 import walj
 from walj.journal import records as rc
