@@ -156,6 +156,27 @@ def test_report_with_the_standard_library_matches_the_library(zipapp: dict[str, 
     assert snapshot(root) == before
 
 
+def test_audit_with_the_standard_library_writes_the_librarys_rows(zipapp: dict[str, Path],
+                                                                  tmp_path: Path) -> None:
+    """`audit` writes only its export: the zipapp's rows are the library's, byte for byte, and
+    each verifies the other's export against the sessions."""
+    root = tmp_path / "sessions"
+    make_journal(root / "blocked", blocked=True)
+    make_journal(root / "clean")
+    before = snapshot(root)
+    made = forensic(zipapp, "audit", root, "-o", tmp_path / "forensic.jsonl")
+    assert made.code == 0, made.err
+    assert walj_cli("audit", root, "-o", tmp_path / "library.jsonl").code == 0
+    forensic_lines = (tmp_path / "forensic.jsonl").read_bytes().splitlines()
+    library_lines = (tmp_path / "library.jsonl").read_bytes().splitlines()
+    assert len(forensic_lines) > 2 and forensic_lines[:-1] == library_lines[:-1]
+    manifests = [json.loads(lines[-1])["manifest"] for lines in (forensic_lines, library_lines)]
+    assert manifests[0]["rows_sha256"] == manifests[1]["rows_sha256"]
+    assert forensic(zipapp, "audit", "--verify", tmp_path / "library.jsonl", root).code == 0
+    assert walj_cli("audit", "--verify", tmp_path / "forensic.jsonl", root).code == 0
+    assert snapshot(root) == before
+
+
 def test_it_reads_a_local_archive_with_the_standard_library(zipapp: dict[str, Path],
                                                             tmp_path: Path) -> None:
     """A local archive (a downloaded prefix, a mounted volume) with nothing installed: the
