@@ -11,7 +11,6 @@ import re
 import time
 from typing import Any
 
-from ..errors import ApprovalError, CorruptionError, RecordTooLargeError, ResolutionError
 from ..log import REQUESTS_DIR
 from ..log.lock import read_owner
 from ._approvalview import APPROVAL_HEADERS, approval_json, approval_rows, expiry_text
@@ -19,7 +18,6 @@ from ._common import (
     EXIT_OK,
     EXIT_PROBLEMS,
     EXIT_QUEUED,
-    EXIT_USAGE,
     CliError,
     clock,
     emit_json,
@@ -39,7 +37,7 @@ from ._model import (
     lookup_approval,
 )
 from ._sweep import checked_sessions, job_count, relative
-from ._write import expand
+from ._write import ask_session, expand
 
 # The refusals that are the caller's mistake (exit 2, as an unknown execution id for `resolve`);
 # every other one is a refused write (exit 1).
@@ -166,26 +164,15 @@ def _decide(args: argparse.Namespace, decision: str) -> Any:
     wait = _wait(args)
     args.approval_id = _approval_id(path, args.approval_id)
     expires_at = _expires_at(args) if decision == "approved" else None
-    try:
+
+    def ask() -> Any:
         if decision == "approved":
-            done = approve_session(path, args.approval_id, actor=args.actor, note=args.note,
+            return approve_session(path, args.approval_id, actor=args.actor, note=args.note,
                                    expires_at=expires_at, wait=wait)
-        else:
-            done = deny_session(path, args.approval_id, actor=args.actor, note=args.note,
-                                wait=wait)
-    except (ApprovalError, ResolutionError) as exc:
-        code = EXIT_USAGE if exc.reason in _USAGE_REASONS else EXIT_PROBLEMS
-        raise CliError(f"refused: {exc}", code) from None
-    except RecordTooLargeError as exc:
-        raise CliError(f"refused: {exc}") from None
-    except CorruptionError as exc:
-        raise CliError(f"{path}: {exc} (see `walj verify`, then `walj repair`)",
-                       EXIT_PROBLEMS) from None
-    if done.status == "refused":
-        code = EXIT_USAGE if done.reason in _USAGE_REASONS else EXIT_PROBLEMS
-        by = " by the live writer" if done.request_id else ""
-        raise CliError(f"refused{by}: {done.error or done.reason}", code)
-    return done
+        return deny_session(path, args.approval_id, actor=args.actor, note=args.note,
+                            wait=wait)
+
+    return ask_session(path, ask, _USAGE_REASONS)
 
 
 def cmd_approve(args: argparse.Namespace) -> int:

@@ -8,9 +8,16 @@ import argparse
 import math
 import os
 import re
+from collections.abc import Callable, Container
 from typing import Any
 
-from ..errors import CorruptionError, LockedError, RecordTooLargeError, ResolutionError
+from ..errors import (
+    ApprovalError,
+    CorruptionError,
+    LockedError,
+    RecordTooLargeError,
+    ResolutionError,
+)
 from ..log import REQUESTS_DIR
 from ..log.format import QUARANTINE_DIR
 from ..log.fs import DEFAULT_FS
@@ -68,18 +75,28 @@ def _ask(args: argparse.Namespace) -> Any:
     """Resolve directly, or through a request to the live writer; refusals as CliError."""
     path: str = args.path
     wait = 0.0 if args.no_wait else (DEFAULT_WAIT if args.wait is None else args.wait)
-    try:
+
+    def ask() -> Any:
         if args.turn is not None:
-            done = resolve_session_turn(path, args.turn, note=args.note, actor=args.actor,
+            return resolve_session_turn(path, args.turn, note=args.note, actor=args.actor,
                                         wait=wait)
-        else:
-            eid = args.execution_id
-            if len(eid) >= 6 and not _WHOLE_ID.fullmatch(eid):  # only a prefix reads the log
-                eid = expand(eid, known_ids(path))
-            done = resolve_session(path, eid, args.outcome, note=args.note, actor=args.actor,
-                                   wait=wait)
-    except ResolutionError as exc:
-        code = EXIT_USAGE if exc.reason in _USAGE_REASONS else EXIT_PROBLEMS
+        eid = args.execution_id
+        if len(eid) >= 6 and not _WHOLE_ID.fullmatch(eid):  # only a prefix reads the log
+            eid = expand(eid, known_ids(path))
+        return resolve_session(path, eid, args.outcome, note=args.note, actor=args.actor,
+                               wait=wait)
+
+    return ask_session(path, ask, _USAGE_REASONS)
+
+
+def ask_session(path: str, ask: Callable[[], Any], usage_reasons: Container[str]) -> Any:
+    """What `ask` (a resolve_session-like call) answered, each refusal as a CliError: exit 2
+    for a refusal whose reason is in `usage_reasons` (bad input), else 1. `resolve`, `approve`
+    and `deny` share it, so a refusal reads and exits alike whichever of them made it."""
+    try:
+        done = ask()
+    except (ResolutionError, ApprovalError) as exc:
+        code = EXIT_USAGE if exc.reason in usage_reasons else EXIT_PROBLEMS
         raise CliError(f"refused: {exc}", code) from None
     except RecordTooLargeError as exc:
         raise CliError(f"refused: {exc}") from None
@@ -87,7 +104,7 @@ def _ask(args: argparse.Namespace) -> Any:
         raise CliError(f"{path}: {exc} (see `walj verify`, then `walj repair`)",
                        EXIT_PROBLEMS) from None
     if done.status == "refused":
-        code = EXIT_USAGE if done.reason in _USAGE_REASONS else EXIT_PROBLEMS
+        code = EXIT_USAGE if done.reason in usage_reasons else EXIT_PROBLEMS
         by = " by the live writer" if done.request_id else ""
         raise CliError(f"refused{by}: {done.error or done.reason}", code)
     return done
