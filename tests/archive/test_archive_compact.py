@@ -101,3 +101,46 @@ def test_a_damaged_archived_copy_is_repaired_before_anything_is_dropped(
         report = journal.compact(archive=archive.url)
     assert first in report.archived and report.dropped_segments > 0
     assert walj.verify(path, archive=archive.url).ok
+
+
+def test_approvals_survive_compaction_into_an_archive(archive: Archive, tmp_path: Path) -> None:
+    """A pending request, an unused approval and a denial whose records were shipped to the
+    archive and dropped locally: the checkpoint carries all three, so after a restart the
+    approved call runs once with its arguments, the denied one never, and the pending one
+    waits for its decision."""
+    path = tmp_path / "s"
+    ran: list[int] = []
+
+    def refund(amount: int) -> int:
+        ran.append(amount)
+        return amount
+
+    options = {**OPTIONS, "tools": {"ok": ok, "refund": walj.Tool(refund, approval=True)}}
+    with walj.ToolJournal.open(path, **options) as journal:
+        with journal.turn() as turn:
+            ids = {call: turn.dispatch("refund", {"amount": n}, call_id=call).approval_id
+                   for n, call in enumerate(("pending", "approved", "denied"), 1)}
+        journal.approve(ids["approved"], actor="ann", note="checked")
+        journal.deny(ids["denied"], actor="ann", note="duplicate")
+        for t in range(20):
+            with journal.turn() as turn:
+                turn.dispatch("ok", {"t": t}, call_id=f"call-{t}")
+        assert journal.compact(archive=archive.url).dropped_segments > 0
+    local_kinds = {r.data["kind"] for r in walj.read(path)}
+    assert rc.APPROVAL_REQUESTED not in local_kinds and rc.APPROVAL_DECIDED not in local_kinds
+    shipped = [r.data for r in walj.read(path, archive=archive.url)
+               if r.data["kind"] == rc.APPROVAL_REQUESTED]
+    assert sorted(r["approval_id"] for r in shipped) == sorted(ids.values())
+    with walj.ToolJournal.open(path, **options) as journal:
+        assert [a.approval_id for a in journal.recovery.approvals] == [ids["pending"]]
+        assert [a.approval_id for a in journal.recovery.approved] == [ids["approved"]]
+        with journal.turn() as turn:
+            other = turn.dispatch("refund", {"amount": 99}, call_id="approved")
+            first = turn.dispatch("refund", {"amount": 2}, call_id="approved")
+            again = turn.dispatch("refund", {"amount": 2}, call_id="approved")
+            denied = turn.dispatch("refund", {"amount": 3}, call_id="denied")
+            waiting = turn.dispatch("refund", {"amount": 1}, call_id="pending")
+        assert other.outcome == "refused" and first.outcome == "ok" and again.replayed
+        assert first.approval_id == ids["approved"] and denied.outcome == "denied"
+        assert waiting.outcome == "awaiting_approval" and waiting.approval_id == ids["pending"]
+    assert ran == [2]
