@@ -453,3 +453,41 @@ def test_an_interrupt_at_any_line_of_opening_or_closing_leaves_each_journal_whol
     assert len(landed) >= 5, landed
     if operation not in ("release", "close"):  # each of the others opens one: both files
         assert {file for file, _ in landed} == {"_journals.py", "_session_open.py"}, landed
+
+
+def test_closing_the_holder_waits_for_a_journal_another_thread_is_closing(
+        tmp_path: Path) -> None:
+    """A holder's close() returns only once every journal is let go, even one that another
+    call (the idle sweeper, a release) is closing at that moment: the session can be opened
+    again at once, here or in another process."""
+    from walj.integrations._journals import JournalOnly, SessionJournals
+    from walj.log.fs import FileSystem
+
+    class SlowClose(FileSystem):
+        armed = False
+        entered, go_on = threading.Event(), threading.Event()
+
+        def close(self, fd: int) -> None:
+            if self.armed:
+                self.entered.set()
+                assert self.go_on.wait(30)
+            super().close(fd)
+
+    fs = SlowClose()
+    journals = SessionJournals(tmp_path, JournalOnly, options={"_fs": fs}, idle_timeout=None)
+    held = journals.acquire("s")
+    journals.done("s", held)
+    fs.armed = True
+    releaser = threading.Thread(target=journals.release, args=("s",))
+    releaser.start()
+    assert fs.entered.wait(30)
+    closer = threading.Thread(target=journals.close)
+    closer.start()
+    closer.join(0.3)
+    assert closer.is_alive(), "close() returned while a journal was still being closed"
+    fs.armed = False
+    fs.go_on.set()
+    closer.join(30)
+    releaser.join(30)
+    assert not closer.is_alive() and not releaser.is_alive()
+    walj.ToolJournal.open_session(tmp_path, "s").close()

@@ -51,6 +51,16 @@ DEFAULT_LOCK_TIMEOUT = 30.0
 _RELEASED = object()
 
 
+class _Closing:
+    """The token of one call's close: which thread makes it, so a holder's own close can
+    wait for it, or finish it when that thread is gone."""
+
+    __slots__ = ("thread",)
+
+    def __init__(self) -> None:
+        self.thread = threading.current_thread()
+
+
 class Held(Protocol):
     """What an integration keeps per session: the journal, and how to close it (a live turn
     first, left incomplete, as after a crash)."""
@@ -299,7 +309,7 @@ class SessionJournals(Generic[H]):
         """Mark the entries `pick` chooses (under the lock) as closing, close them, then forget
         them. Interrupted anywhere, what this call marked is closed and forgotten before the
         interrupt goes on."""
-        token = object()
+        token = _Closing()
         try:
             with self._lock:
                 for entry in pick(list(self._entries.items())):
@@ -375,7 +385,8 @@ class SessionJournals(Generic[H]):
             raise
 
     def close(self) -> None:
-        """Close every journal held (a live turn is left incomplete, as after a crash).
+        """Close every journal held (a live turn is left incomplete, as after a crash), and
+        wait for one another call is closing, so that every directory is let go on return.
         Idempotent; the first error is raised once all were tried."""
         with self._lock:
             self._closed = True
@@ -384,6 +395,24 @@ class SessionJournals(Generic[H]):
             return [e for _, e in entries
                     if e.held is not None and (e.closing is None or e.closing is _RELEASED)]
         self._close_picked(pick)
+        self._wait_for_closes()
+
+    def _wait_for_closes(self) -> None:
+        """Return once no journal is being closed by another call (the idle sweeper's, say):
+        a holder that says it is closed has let go of every directory, so it can be opened
+        again at once. A close whose thread is gone, or is this one (cut short by an
+        interrupt), is finished here."""
+        while True:
+            with self._lock:
+                busy = [e for e in self._entries.values() if isinstance(e.closing, _Closing)]
+            if not busy:
+                return
+            entry = busy[0]
+            token = entry.closing
+            if entry.gone.wait(0.05) or not isinstance(token, _Closing):
+                continue
+            if token.thread is threading.current_thread() or not token.thread.is_alive():
+                self._finish(token, quiet=True)
 
 
 def _idle(entry: _Entry[Any]) -> bool:
