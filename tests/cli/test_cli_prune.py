@@ -330,7 +330,15 @@ def test_killed_or_interrupted_mid_prune_every_session_is_whole_or_a_tombstone(
         root = tmp_path / f"root{trial}"
         shutil.copytree(template, root, symlinks=True)
         proc = start_prune(root, "--older-than", "30d", "--delete-unarchived", "--jobs", "1")
-        time.sleep(rng.uniform(0.2, 1.0) * whole_run)
+        if trial % 2:
+            # Aimed: the moment the first removal shows, so that a machine slower now than
+            # during the timing run cannot push every signal before the removals begin.
+            deadline = time.monotonic() + 60
+            while (set(trees) <= {p.name for p in root.iterdir()} and proc.poll() is None
+                   and time.monotonic() < deadline):
+                time.sleep(0.002)
+        else:
+            time.sleep(rng.uniform(0.2, 1.0) * whole_run)  # anywhere in the run
         proc.send_signal(signal.SIGKILL if how == "sigkill" else signal.SIGINT)
         out, err = proc.communicate(timeout=60)
         whole, tombstones = _whole_or_gone(root, trees)
