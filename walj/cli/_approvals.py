@@ -11,13 +11,10 @@ import re
 import time
 from typing import Any
 
-from ..log import REQUESTS_DIR
-from ..log.lock import read_owner
 from ._approvalview import APPROVAL_HEADERS, approval_json, approval_rows, expiry_text
 from ._common import (
     EXIT_OK,
     EXIT_PROBLEMS,
-    EXIT_QUEUED,
     CliError,
     clock,
     emit_json,
@@ -37,7 +34,7 @@ from ._model import (
     lookup_approval,
 )
 from ._sweep import checked_sessions, job_count, relative
-from ._write import ask_session, expand
+from ._write import ask_session, expand, queued
 
 # The refusals that are the caller's mistake (exit 2, as an unknown execution id for `resolve`);
 # every other one is a refused write (exit 1).
@@ -189,7 +186,7 @@ def _cmd_decide(args: argparse.Namespace, decision: str) -> int:
     _check_journal(path)
     done = _decide(args, decision)
     if done.status == "queued":
-        return _queued(args, schema, done.request_id)
+        return queued(args, done.request_id, schema, {"approval": None})
     now = time.time()
     # As it stands after the decision: from the writer that applied it, else read back.
     approval = done.approval or lookup_approval(path, args.approval_id)
@@ -216,18 +213,3 @@ def _cmd_decide(args: argparse.Namespace, decision: str) -> int:
         lines.append("  every dispatch of this call id is answered `denied`; nothing runs")
     write_lines(lines)
     return EXIT_OK
-
-
-def _queued(args: argparse.Namespace, schema: str, request_id: str) -> int:
-    path: str = args.path
-    owner = read_owner(path) or "owner unknown"
-    if args.json:
-        emit_json({"schema": schema, "path": path, "status": "queued",
-                   "request_id": request_id, "approval": None})
-    else:
-        write_lines([f"queued: request {request_id} in {path}/{REQUESTS_DIR}/ (durable); the "
-                     f"live writer ({owner}) did not answer in time",
-                     "  it is applied or refused once, when that writer next looks or the "
-                     "session is next opened: see `walj inspect` or `walj dump --kind "
-                     "resolution_refused`"])
-    return EXIT_QUEUED

@@ -120,7 +120,8 @@ def cmd_resolve(args: argparse.Namespace) -> int:
         raise CliError(f"{path} is a walj log but not a tool journal: nothing to resolve")
     done = _ask(args)
     if done.status == "queued":
-        return _queued(args, done.request_id)
+        return queued(args, done.request_id, "walj.resolve/1",
+                      {"resolution": None, "blocked": None, "blockers_left": None})
     resolution, after = done.resolution, done.recovery
     if args.json:
         emit_json({"schema": "walj.resolve/1", "path": path, "status": "applied",
@@ -147,13 +148,15 @@ def cmd_resolve(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _queued(args: argparse.Namespace, request_id: str) -> int:
+def queued(args: argparse.Namespace, request_id: str, schema: str,
+           unanswered: dict[str, None]) -> int:
+    """Report a request the live writer did not answer in time (exit 3): `resolve`, `approve`
+    and `deny` alike. `unanswered`: the command's JSON fields that only an answer fills."""
     path: str = args.path
     owner = read_owner(path) or "owner unknown"
     if args.json:
-        emit_json({"schema": "walj.resolve/1", "path": path, "status": "queued",
-                   "request_id": request_id, "resolution": None, "blocked": None,
-                   "blockers_left": None})
+        emit_json({"schema": schema, "path": path, "status": "queued", "request_id": request_id,
+                   **unanswered})
     else:
         write_lines([f"queued: request {request_id} in {path}/{REQUESTS_DIR}/ (durable); the "
                      f"live writer ({owner}) did not answer in time",
