@@ -139,3 +139,29 @@ def record_offset(segment: Path, needle: bytes) -> int:
     data = segment.read_bytes()
     at = data.index(needle)
     return at + len(needle) // 2
+
+
+class LineServer:
+    """A child process that runs `script` on the session at `path` and holds it open, as a
+    live server does: it prints {"ready": true}, then answers each line it reads with one line
+    of JSON."""
+
+    def __init__(self, script: str, path: Path) -> None:
+        self.process = subprocess.Popen([sys.executable, "-c", script, str(path)], env=ENV,
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert json.loads(self.readline()) == {"ready": True}
+
+    def readline(self) -> str:
+        assert self.process.stdout is not None
+        return self.process.stdout.readline()
+
+    def ask(self, line: str) -> dict[str, Any]:
+        assert self.process.stdin is not None
+        self.process.stdin.write(line + "\n")
+        self.process.stdin.flush()
+        result: dict[str, Any] = json.loads(self.readline())
+        return result
+
+    def stop(self) -> None:
+        self.process.kill()
+        self.process.wait()

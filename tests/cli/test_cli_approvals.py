@@ -7,16 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
-import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
 from typing import Any
 
 from cli_helpers import (
-    ENV,
+    LineServer,
     Run,
     assert_one_line_error,
     flip_byte,
@@ -166,28 +163,14 @@ SERVER = textwrap.dedent("""
 """)
 
 
-class Server:
+class Server(LineServer):
     """A child process that holds the journal open and dispatches the call id of each line."""
 
     def __init__(self, path: Path) -> None:
-        self.process = subprocess.Popen([sys.executable, "-c", SERVER, str(path)], env=ENV,
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        assert json.loads(self.readline()) == {"ready": True}
-
-    def readline(self) -> str:
-        assert self.process.stdout is not None
-        return self.process.stdout.readline()
+        super().__init__(SERVER, path)
 
     def dispatch(self, call_id: str) -> dict[str, Any]:
-        assert self.process.stdin is not None
-        self.process.stdin.write(call_id + "\n")
-        self.process.stdin.flush()
-        result: dict[str, Any] = json.loads(self.readline())
-        return result
-
-    def stop(self) -> None:
-        self.process.kill()
-        self.process.wait()
+        return self.ask(call_id)
 
 
 def test_a_live_server_is_approved_and_denied_from_the_cli(tmp_path: Path) -> None:

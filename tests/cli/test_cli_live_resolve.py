@@ -4,16 +4,13 @@ does not answer in time (exit 3, queued, applied later)."""
 
 from __future__ import annotations
 
-import json
 import signal
-import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
 from typing import Any
 
-from cli_helpers import ENV, assert_one_line_error, make_journal, walj_cli
+from cli_helpers import LineServer, assert_one_line_error, make_journal, walj_cli
 
 SERVER = textwrap.dedent("""
     import json, sys, walj
@@ -38,28 +35,14 @@ def refused(result: dict[str, Any]) -> bool:
     return isinstance(output, dict) and str(output.get("status")).startswith("blocked_")
 
 
-class Server:
+class Server(LineServer):
     """A child process that holds the journal open and dispatches one call per line."""
 
     def __init__(self, path: Path) -> None:
-        self.process = subprocess.Popen([sys.executable, "-c", SERVER, str(path)], env=ENV,
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        assert json.loads(self.readline()) == {"ready": True}
-
-    def readline(self) -> str:
-        assert self.process.stdout is not None
-        return self.process.stdout.readline()
+        super().__init__(SERVER, path)
 
     def dispatch(self) -> dict[str, Any]:
-        assert self.process.stdin is not None
-        self.process.stdin.write("dispatch\n")
-        self.process.stdin.flush()
-        result: dict[str, Any] = json.loads(self.readline())
-        return result
-
-    def stop(self) -> None:
-        self.process.kill()
-        self.process.wait()
+        return self.ask("dispatch")
 
 
 def test_a_live_server_is_settled_from_the_cli_and_dispatches_again(tmp_path: Path) -> None:
